@@ -1,0 +1,94 @@
+"""The one typed configuration of anygpu.
+
+Every ``ANYGPU_*`` environment variable is declared here, once, with its default and meaning.
+Read values through ``anygpu.config.get()``; tests may call ``reload()`` after changing the
+environment.
+
+>>> from anygpu import config
+>>> config.get().debug >= 0
+True
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "anygpu")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Settings read from the environment (variable name = ``ANYGPU_`` + field name, upper case)."""
+
+    device: str = ""
+    """Default device for new tensors ("cpu", "opencl", "cuda:1", ...). Empty: "cpu"."""
+    debug: int = 0
+    """1: print each kernel with its time, bytes and GB/s. 2: also print the generated source."""
+    cache_dir: str = ""
+    """Where compiled programs and tuning results live. Empty: the user cache dir."""
+    disk_cache: int = 1
+    """0 disables the on-disk compiled-program cache."""
+    cc: str = "cc"
+    """The C compiler the cpu backend uses."""
+    cpu_threads: int = 0
+    """OpenMP threads for the cpu backend. 0: one per core."""
+    seed: int = 0
+    """Initial seed of the random number generator."""
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir or _default_cache_dir())
+
+
+def _parse(kind: type, text: str) -> object:
+    return int(text) if kind is int else text
+
+
+def _from_env() -> Config:
+    values: dict[str, object] = {}
+    for f in fields(Config):
+        name = "ANYGPU_" + f.name.upper()
+        if name in os.environ:
+            kind = int if f.type in ("int", int) else str
+            try:
+                values[f.name] = _parse(kind, os.environ[name])
+            except ValueError as err:
+                raise ValueError(f"{name}={os.environ[name]!r} is not a valid {kind.__name__}") from err
+    return Config(**values)  # type: ignore[arg-type]
+
+
+_config: Config | None = None
+
+
+def get() -> Config:
+    """The configuration, read from the environment on first use."""
+    global _config
+    if _config is None:
+        _config = _from_env()
+    return _config
+
+
+def reload() -> Config:
+    """Read the environment again (for tests and tools that change it at run time)."""
+    global _config
+    _config = _from_env()
+    return _config
+
+
+def variables() -> dict[str, str]:
+    """Every declared variable with its meaning, for ``anygpu --help`` and the docs."""
+    import inspect
+
+    src = inspect.getsource(Config)
+    out = {}
+    for f in fields(Config):
+        marker = f"    {f.name}:"
+        start = src.index(marker)
+        doc_start = src.index('"""', start) + 3
+        out["ANYGPU_" + f.name.upper()] = src[doc_start : src.index('"""', doc_start)]
+    return out

@@ -1,0 +1,139 @@
+"""Data types and the promotion rules between them (PyTorch's rules where they differ from NumPy's).
+
+>>> from anygpu.dtype import float32, int32, promote
+>>> promote(int32, float32).name
+'float32'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=True)
+class DType:
+    name: str
+    itemsize: int
+    kind: str  # "b" bool, "u" unsigned int, "i" signed int, "f" float
+    priority: int  # position in the promotion order within a kind's family
+    np: type
+
+    def __repr__(self) -> str:
+        return f"anygpu.{self.name}"
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "f"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind in ("i", "u")
+
+    @property
+    def is_bool(self) -> bool:
+        return self.kind == "b"
+
+    @property
+    def is_unsigned(self) -> bool:
+        return self.kind == "u"
+
+
+bool_ = DType("bool", 1, "b", 0, np.bool_)
+uint8 = DType("uint8", 1, "u", 1, np.uint8)
+int8 = DType("int8", 1, "i", 2, np.int8)
+int32 = DType("int32", 4, "i", 4, np.int32)
+uint32 = DType("uint32", 4, "u", 5, np.uint32)  # internal: random bits, hashing
+int64 = DType("int64", 8, "i", 6, np.int64)
+float16 = DType("float16", 2, "f", 10, np.float16)
+bfloat16 = DType("bfloat16", 2, "f", 11, np.uint16)  # host arrays hold the raw bits
+float32 = DType("float32", 4, "f", 12, np.float32)
+
+half, float, int, long, bool = float16, float32, int32, int64, bool_  # PyTorch aliases
+
+ALL: tuple[DType, ...] = (bool_, uint8, int8, int32, uint32, int64, float16, bfloat16, float32)
+PUBLIC: tuple[DType, ...] = (bool_, uint8, int8, int32, int64, float16, bfloat16, float32)
+_BY_NAME = {d.name: d for d in ALL} | {"half": float16, "float": float32, "int": int32,
+                                       "long": int64, "bf16": bfloat16, "f32": float32,
+                                       "f16": float16, "i32": int32, "i64": int64, "i8": int8,
+                                       "u8": uint8}
+
+default_float = float32
+default_int = int64
+
+
+def to_dtype(x: object) -> DType:
+    """A DType from a DType, its name, a NumPy dtype, or a PyTorch dtype."""
+    if isinstance(x, DType):
+        return x
+    if isinstance(x, str):
+        key = x.replace("torch.", "").replace("anygpu.", "")
+        if key in _BY_NAME:
+            return _BY_NAME[key]
+        raise TypeError(f"unknown dtype {x!r}; known: {', '.join(d.name for d in PUBLIC)}")
+    if hasattr(x, "is_floating_point") or type(x).__module__.startswith("torch"):
+        return to_dtype(str(x))
+    try:
+        npd = np.dtype(x)  # type: ignore[call-overload]
+    except TypeError as err:
+        raise TypeError(f"cannot interpret {x!r} as a dtype") from err
+    return from_numpy(npd)
+
+
+def from_numpy(npd: np.dtype) -> DType:
+    """The dtype a NumPy array of ``npd`` becomes (float64 -> float32, as PyTorch's default)."""
+    table = {np.dtype(np.bool_): bool_, np.dtype(np.uint8): uint8, np.dtype(np.int8): int8,
+             np.dtype(np.int16): int32, np.dtype(np.int32): int32, np.dtype(np.uint32): uint32,
+             np.dtype(np.int64): int64, np.dtype(np.uint16): int32, np.dtype(np.uint64): int64,
+             np.dtype(np.float16): float16, np.dtype(np.float32): float32,
+             np.dtype(np.float64): float32}
+    if npd in table:
+        return table[npd]
+    raise TypeError(f"NumPy dtype {npd} has no anygpu equivalent")
+
+
+def promote(a: DType, b: DType) -> DType:
+    """The dtype of a binary op on tensors of dtypes a and b (PyTorch's type promotion)."""
+    if a == b:
+        return a
+    if a.kind == "f" and b.kind == "f":
+        if {a, b} == {float16, bfloat16}:
+            return float32
+        return a if a.priority > b.priority else b
+    if a.kind == "f" or b.kind == "f":
+        return a if a.kind == "f" else b
+    if a.is_bool or b.is_bool:
+        return b if a.is_bool else a
+    # two integer types: the wider; mixed signedness of equal width widens (u8+i8 -> int32 here,
+    # since int16 is not offered)
+    if a.itemsize == b.itemsize:
+        return int32 if a.itemsize == 1 else int64
+    return a if a.itemsize > b.itemsize else b
+
+
+def scalar_dtype(value: object, other: DType) -> DType:
+    """The dtype a Python scalar takes when combined with a tensor of dtype ``other``."""
+    if isinstance(value, (bool, np.bool_)):
+        return other
+    if isinstance(value, (int, np.integer)):
+        return other if not other.is_bool else default_int
+    if isinstance(value, (float, np.floating)):
+        return other if other.is_float else default_float
+    raise TypeError(f"unsupported scalar {value!r} of type {type(value).__name__}")
+
+
+def min_value(d: DType) -> float | int | bool:
+    if d.is_float:
+        return float("-inf")
+    if d.is_bool:
+        return False
+    return int(np.iinfo(d.np).min)
+
+
+def max_value(d: DType) -> float | int | bool:
+    if d.is_float:
+        return float("inf")
+    if d.is_bool:
+        return True
+    return int(np.iinfo(d.np).max)

@@ -1,0 +1,274 @@
+"""The protocols every backend implements, and the machinery they share.
+
+A backend is one subclass of :class:`Device` in ``runtime/<name>.py``. It supplies raw memory
+(``_alloc``/``_free``), transfers, a compiler from source text to a binary, and a loader from a
+binary to a :class:`Program`. Everything else here is shared: the caching allocator with its
+out-of-memory retry, the on-disk binary cache, and :class:`Buffer` lifetimes.
+
+>>> from anygpu.runtime.registry import get_device
+>>> dev = get_device("cpu")
+>>> buf = dev.alloc(16)
+>>> buf.nbytes
+16
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from anygpu import config
+from anygpu.dtype import DType
+
+
+class DeviceError(RuntimeError):
+    """A device failed (driver error, compile error, unsupported feature)."""
+
+
+class OutOfMemoryError(DeviceError, MemoryError):
+    """A device could not allocate the memory asked for, even after freeing its cache."""
+
+
+class UnsupportedError(DeviceError, TypeError):
+    """The device cannot run this (a dtype, an op, a feature); the message says which."""
+
+
+@dataclass
+class DeviceInfo:
+    name: str  # the product name the driver reports
+    memory: int  # bytes of global memory
+    compute_units: int  # SMs, CUs, EUs or cores
+    driver: str  # driver / runtime version, part of the program cache key
+    max_local_size: int = 1024  # threads per work-group
+    local_memory: int = 48 * 1024  # bytes of local (shared) memory per work-group
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Program:
+    """A compiled kernel. Calling it launches on the device queue without waiting.
+
+    ``groups`` is the number of work-groups in each of up to three dimensions and ``local`` the
+    threads in each work-group (CUDA's grid and block). With ``wait=True`` the call blocks until the
+    kernel finishes and returns its run time in seconds, measured by device timers where the
+    backend has them.
+    """
+
+    def __init__(self, device: "Device", name: str):
+        self.device, self.name = device, name
+
+    def __call__(self, buffers: Sequence["Buffer"], groups: Sequence[int] = (1,),
+                 local: Sequence[int] = (1,), wait: bool = False) -> float | None:
+        raise NotImplementedError
+
+
+class Buffer:
+    """Device memory of ``nbytes`` bytes. Returned to its device's cache when collected."""
+
+    __slots__ = ("device", "nbytes", "handle", "__weakref__")
+
+    def __init__(self, device: "Device", nbytes: int, handle: Any):
+        self.device, self.nbytes, self.handle = device, nbytes, handle
+
+    def __del__(self) -> None:
+        try:
+            self.device.allocator.release(self.nbytes, self.handle)
+        except Exception:  # interpreter shutdown: the driver may be gone already
+            pass
+
+    def copy_in(self, host: np.ndarray) -> None:
+        """Copy a contiguous host array (exactly ``nbytes``) into this buffer."""
+        data = np.ascontiguousarray(host)
+        if data.nbytes != self.nbytes:
+            raise ValueError(f"copy_in of {data.nbytes} bytes into a buffer of {self.nbytes}")
+        self.device._copy_in(self.handle, data)
+
+    def copy_out(self, host: np.ndarray) -> np.ndarray:
+        """Copy this buffer into a contiguous host array of ``nbytes`` (waits for the device)."""
+        if host.nbytes != self.nbytes or not host.flags.c_contiguous:
+            raise ValueError(f"copy_out into {host.nbytes} bytes from a buffer of {self.nbytes}")
+        self.device._copy_out(host, self.handle)
+        return host
+
+
+class CachingAllocator:
+    """Keeps freed buffers by size and hands them out again, so steady-state loops allocate nothing.
+
+    When the device reports out of memory, the cache is freed and the allocation tried once more;
+    a second failure raises :class:`OutOfMemoryError` naming the device and the size.
+    """
+
+    def __init__(self, device: "Device"):
+        self.device = device
+        self.free_lists: dict[int, list[Any]] = defaultdict(list)
+        self.lock = threading.Lock()
+        self.in_use = 0
+        self.cached = 0
+        self.peak = 0
+
+    def alloc(self, nbytes: int) -> Any:
+        size = max(int(nbytes), 1)
+        with self.lock:
+            if self.free_lists[size]:
+                self.cached -= size
+                handle = self.free_lists[size].pop()
+                self._count(size)
+                return handle
+        try:
+            handle = self.device._alloc(size)
+        except MemoryError:
+            self.empty_cache()
+            try:
+                handle = self.device._alloc(size)
+            except MemoryError as err:
+                raise OutOfMemoryError(
+                    f"{self.device.name}: out of memory allocating {size} bytes "
+                    f"({size / 2**20:.1f} MiB); {self.in_use / 2**20:.1f} MiB in use") from err
+        with self.lock:
+            self._count(size)
+        return handle
+
+    def _count(self, size: int) -> None:
+        self.in_use += size
+        self.peak = max(self.peak, self.in_use)
+
+    def release(self, nbytes: int, handle: Any) -> None:
+        size = max(int(nbytes), 1)
+        with self.lock:
+            self.in_use -= size
+            self.free_lists[size].append(handle)
+            self.cached += size
+
+    def empty_cache(self) -> None:
+        """Give every cached buffer back to the driver."""
+        with self.lock:
+            lists, self.free_lists, self.cached = self.free_lists, defaultdict(list), 0
+        self.device.synchronize()
+        for handles in lists.values():
+            for handle in handles:
+                self.device._free(handle)
+
+
+class Device:
+    """One device of one backend, named like ``"cuda:0"``.
+
+    Subclasses set ``backend`` and ``dialect`` (the renderer that writes its kernels: "c",
+    "opencl", "cuda", "hip" or "wgsl") and implement the underscored methods.
+    """
+
+    backend: str = ""
+    dialect: str = ""
+
+    def __init__(self, index: int = 0):
+        self.index = index
+        self.name = f"{self.backend}:{index}"
+        self.allocator = CachingAllocator(self)
+        self._programs: dict[tuple[str, str], Program] = {}
+
+    def __repr__(self) -> str:
+        return f"<Device {self.name} {self.info.name!r}>"
+
+    # ---- what a backend implements ------------------------------------------------------------
+    @property
+    def info(self) -> DeviceInfo:
+        raise NotImplementedError
+
+    def supports(self, dtype: DType) -> bool:
+        """Whether kernels on this device can compute in ``dtype``."""
+        return True
+
+    def storage_dtype(self, dtype: DType) -> DType:
+        """The element type buffers of ``dtype`` hold on this device (WebGPU widens 8-bit types)."""
+        return dtype
+
+    def _alloc(self, nbytes: int) -> Any:
+        """Raw device memory; raise MemoryError when the device is out of memory."""
+        raise NotImplementedError
+
+    def _free(self, handle: Any) -> None:
+        raise NotImplementedError
+
+    def _copy_in(self, handle: Any, host: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _copy_out(self, host: np.ndarray, handle: Any) -> None:
+        raise NotImplementedError
+
+    def _copy(self, dst: Any, src: Any, nbytes: int) -> None:
+        """Device-to-device copy on the queue (no host round trip)."""
+        raise NotImplementedError
+
+    def compile(self, source: str, name: str) -> bytes:
+        """Source text -> a binary the device loads (PTX, an OpenCL binary, a shared library)."""
+        raise NotImplementedError
+
+    def load(self, binary: bytes, name: str, source: str) -> Program:
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Wait until every queued launch and transfer has finished."""
+        raise NotImplementedError
+
+    # ---- shared ---------------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> Buffer:
+        return Buffer(self, nbytes, self.allocator.alloc(nbytes))
+
+    def copy(self, dst: Buffer, src: Buffer) -> None:
+        if dst.nbytes != src.nbytes:
+            raise ValueError(f"copy of {src.nbytes} bytes into a buffer of {dst.nbytes}")
+        self._copy(dst.handle, src.handle, src.nbytes)
+
+    def check_dtype(self, dtype: DType) -> None:
+        if not self.supports(dtype):
+            raise UnsupportedError(f"dtype {dtype.name} is not supported on {self.name} "
+                                   f"({self.info.name})")
+
+    def program(self, source: str, name: str) -> Program:
+        """Compile (or fetch from the memory and disk caches) and load a kernel."""
+        key = (name, source)
+        prog = self._programs.get(key)
+        if prog is None:
+            binary = self._compile_cached(source, name)
+            prog = self._programs[key] = self.load(binary, name, source)
+        return prog
+
+    def _cache_file(self, source: str) -> str:
+        info = self.info
+        key = "\0".join([self.backend, info.name, info.driver, source])
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return os.path.join(config.get().cache_path, "programs", self.backend, digest)
+
+    def _compile_cached(self, source: str, name: str) -> bytes:
+        if not config.get().disk_cache:
+            return self.compile(source, name)
+        path = self._cache_file(source)
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError:
+            pass
+        binary = self.compile(source, name)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
+            with os.fdopen(fd, "wb") as f:
+                f.write(binary)
+            os.replace(tmp, path)  # atomic: concurrent processes never see half a file
+        except OSError:
+            pass  # a read-only cache directory only costs compile time
+        return binary
+
+    def timed(self, fn: Callable[[], object]) -> float:
+        """Host wall time of ``fn`` including the device work it queued, in seconds."""
+        self.synchronize()
+        start = time.perf_counter()
+        fn()
+        self.synchronize()
+        return time.perf_counter() - start

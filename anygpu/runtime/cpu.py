@@ -1,0 +1,143 @@
+"""The cpu backend: C from the system compiler, loaded with ctypes, threads through OpenMP.
+
+Buffers are NumPy byte arrays; a kernel is a C function taking one pointer per buffer. Launches run
+synchronously on the calling thread (OpenMP spreads each kernel's outer loop over the cores).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from anygpu import config
+from anygpu.runtime.base import Buffer, Device, DeviceError, DeviceInfo, Program
+
+
+def device_count() -> int:
+    return 1
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_flags() -> tuple[str, ...]:
+    """-fopenmp where the compiler has it (Apple clang does not: then one thread)."""
+    base = ("-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-x", "c")
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = subprocess.run([config.get().cc, *base, "-fopenmp", "-", "-o",
+                                os.path.join(tmp, "probe.so")],
+                               input=b"int probe(void){return 0;}", capture_output=True)
+    return (*base, "-fopenmp") if probe.returncode == 0 else base
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_version() -> str:
+    try:
+        out = subprocess.run([config.get().cc, "--version"], capture_output=True, text=True)
+        return out.stdout.splitlines()[0] if out.stdout else "unknown"
+    except OSError as err:
+        raise DeviceError(f"cpu: the C compiler {config.get().cc!r} was not found; set ANYGPU_CC "
+                          "to a C compiler") from err
+
+
+class CPUProgram(Program):
+    def __init__(self, device: "CPUDevice", name: str, lib: ctypes.CDLL, path: str):
+        super().__init__(device, name)
+        self.lib, self.path = lib, path  # keep the library loaded as long as the program lives
+        self.fn = getattr(lib, name)
+        self.fn.restype = None
+
+    def __call__(self, buffers: Sequence[Buffer], groups: Sequence[int] = (1,),
+                 local: Sequence[int] = (1,), wait: bool = False) -> float | None:
+        args = [ctypes.c_void_p(b.handle.ctypes.data) for b in buffers]
+        start = time.perf_counter()
+        self.fn(*args)
+        return time.perf_counter() - start if wait else None
+
+
+class CPUDevice(Device):
+    backend = "cpu"
+    dialect = "c"
+
+    def __init__(self, index: int = 0):
+        super().__init__(index)
+        threads = config.get().cpu_threads
+        if threads:
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+        self._info: DeviceInfo | None = None
+
+    @property
+    def info(self) -> DeviceInfo:
+        if self._info is None:
+            try:
+                pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            except (ValueError, OSError):
+                pages = 0
+            self._info = DeviceInfo(name=_cpu_name(), memory=pages,
+                                    compute_units=os.cpu_count() or 1,
+                                    driver=_compiler_version() + " " + " ".join(_compiler_flags()),
+                                    max_local_size=1, local_memory=0)
+        return self._info
+
+    def _alloc(self, nbytes: int) -> Any:
+        # 64-byte alignment lets the compiler use aligned vector loads
+        raw = np.empty(nbytes + 64, dtype=np.uint8)
+        offset = (-raw.ctypes.data) % 64
+        return raw[offset:offset + nbytes]
+
+    def _free(self, handle: Any) -> None:
+        pass  # NumPy memory goes back when the last reference does
+
+    def _copy_in(self, handle: Any, host: np.ndarray) -> None:
+        handle[:] = host.reshape(-1).view(np.uint8)
+
+    def _copy_out(self, host: np.ndarray, handle: Any) -> None:
+        host.reshape(-1).view(np.uint8)[:] = handle
+
+    def _copy(self, dst: Any, src: Any, nbytes: int) -> None:
+        dst[:nbytes] = src[:nbytes]
+
+    def compile(self, source: str, name: str) -> bytes:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, f"{name}.so")
+            proc = subprocess.run([config.get().cc, *_compiler_flags(), "-", "-o", out, "-lm"],
+                                  input=source.encode(), capture_output=True)
+            if proc.returncode != 0:
+                raise DeviceError(f"cpu: compiling kernel {name} failed:\n"
+                                  f"{proc.stderr.decode(errors='replace')}\n--- source ---\n{source}")
+            with open(out, "rb") as f:
+                return f.read()
+
+    def load(self, binary: bytes, name: str, source: str) -> Program:
+        fd, path = tempfile.mkstemp(suffix=".so", prefix=f"anygpu_{name}_")
+        with os.fdopen(fd, "wb") as f:
+            f.write(binary)
+        try:
+            lib = ctypes.CDLL(path)
+        finally:
+            os.unlink(path)  # the mapping stays valid after the file is gone
+        return CPUProgram(self, name, lib, path)
+
+    def synchronize(self) -> None:
+        pass
+
+
+DEVICE = CPUDevice

@@ -1,0 +1,80 @@
+"""The explicit table of backends, and device strings like ``"cuda:0"``, ``"opencl:1"``, ``"cpu"``.
+
+Each backend module exposes ``device_count() -> int`` (raising :class:`BackendUnavailable` with the
+reason when its library or driver is missing) and a ``Device`` subclass named ``DEVICE``.
+
+>>> from anygpu.runtime.registry import get_device
+>>> get_device("cpu").name
+'cpu:0'
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from types import ModuleType
+
+from anygpu import config
+from anygpu.runtime.base import Device, DeviceError
+
+BACKENDS: dict[str, str] = {
+    "cpu": "anygpu.runtime.cpu",
+    "opencl": "anygpu.runtime.opencl",
+    "cuda": "anygpu.runtime.cuda",
+    "webgpu": "anygpu.runtime.webgpu",
+    "hip": "anygpu.runtime.hip",
+}
+
+
+class BackendUnavailable(DeviceError):
+    """A backend cannot be used here; the message says why (missing package, no driver)."""
+
+
+_devices: dict[str, Device] = {}
+_lock = threading.RLock()
+
+
+def backend_module(backend: str) -> ModuleType:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+    try:
+        return importlib.import_module(BACKENDS[backend])
+    except ImportError as err:
+        raise BackendUnavailable(f"{backend}: missing Python package ({err}); install it with "
+                                 f"pip install 'anygpu[{backend}]'") from err
+
+
+def parse_device(name: str) -> tuple[str, int]:
+    """``"cuda:1"`` -> ``("cuda", 1)``; ``"opencl"`` -> ``("opencl", 0)``."""
+    backend, _, index = str(name).strip().lower().partition(":")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown device {name!r}; backends: {', '.join(BACKENDS)}")
+    if index and not index.isdigit():
+        raise ValueError(f"bad device index in {name!r}")
+    return backend, int(index or 0)
+
+
+def device_count(backend: str) -> int:
+    return backend_module(backend).device_count()
+
+
+def get_device(name: "str | Device | None" = None) -> Device:
+    """The :class:`Device` for a device string (default: ``ANYGPU_DEVICE``, else ``"cpu"``)."""
+    if isinstance(name, Device):
+        return name
+    if name is None:
+        name = config.get().device or "cpu"
+    backend, index = parse_device(name)
+    key = f"{backend}:{index}"
+    with _lock:
+        if key not in _devices:
+            module = backend_module(backend)
+            count = module.device_count()
+            if index >= count:
+                raise BackendUnavailable(f"{key}: no such device ({backend} has {count})")
+            _devices[key] = module.DEVICE(index)
+        return _devices[key]
+
+
+def canonical(name: "str | Device | None") -> str:
+    return get_device(name).name
