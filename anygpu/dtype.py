@@ -50,7 +50,6 @@ float16 = DType("float16", 2, "f", 10, np.float16)
 bfloat16 = DType("bfloat16", 2, "f", 11, np.uint16)  # host arrays hold the raw bits
 float32 = DType("float32", 4, "f", 12, np.float32)
 
-half, float, int, long, bool = float16, float32, int32, int64, bool_  # PyTorch aliases
 
 ALL: tuple[DType, ...] = (bool_, uint8, int8, int32, uint32, int64, float16, bfloat16, float32)
 PUBLIC: tuple[DType, ...] = (bool_, uint8, int8, int32, int64, float16, bfloat16, float32)

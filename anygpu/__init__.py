@@ -1,0 +1,28 @@
+"""anygpu: deep learning on any GPU through open, vendor-neutral APIs.
+
+>>> import anygpu as ag
+>>> ag.tensor([1.0, 2.0, 3.0]).softmax(0).sum().item()  # doctest: +ELLIPSIS
+1.0...
+"""
+
+from anygpu.dtype import (DType, bfloat16, bool_, float16, float32, int8, int32, int64, uint8)
+from anygpu.runtime.base import DeviceError, OutOfMemoryError, UnsupportedError
+from anygpu.runtime.registry import BackendUnavailable, get_device
+from anygpu.tensor import (Tensor, arange, cat, eye, full, full_like, linspace, manual_seed, ones,
+                           ones_like, rand, randint, randn, realize, stack, tensor, where, zeros,
+                           zeros_like)
+
+__version__ = "0.1.0"
+
+float = float32
+half = float16
+long = int64
+int = int32
+bool = bool_
+
+__all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like",
+           "arange", "linspace", "eye", "rand", "randn", "randint", "manual_seed", "where", "cat",
+           "stack", "realize", "DType", "float32", "float16", "bfloat16", "int8", "uint8",
+           "int32", "int64", "bool_", "float", "half", "long", "int", "bool", "get_device",
+           "DeviceError", "OutOfMemoryError", "UnsupportedError", "BackendUnavailable",
+           "__version__"]

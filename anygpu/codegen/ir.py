@@ -1,0 +1,195 @@
+"""The loop-level kernel IR: expressions, statements and a kernel, close to C.
+
+Expressions are hash-consed (building the same expression twice gives the same object), so the
+renderer sees shared subexpressions as shared objects and declares each once.
+
+Expression ops:
+  const (arg value), var (arg name), special (arg "lid" | "gid" | "ngroups"),
+  load (arg buffer name; srcs (index,) or (index, guard): a guarded load reads 0 when the guard is
+  false), cast (to the expression's dtype), where (cond, a, b), and the arithmetic of
+  ``ALU_OPS``. Values of dtype float16/bfloat16 are computed in float32 by the renderers and rounded
+  where they are cast or stored.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from anygpu.dtype import DType, bool_, float32, int32
+
+ALU_OPS = {"neg", "exp2", "log2", "sin", "sqrt", "recip", "trunc", "not", "add", "sub", "mul",
+           "div", "idiv", "mod", "max", "min", "lt", "eq", "ne", "and", "or", "xor", "shl",
+           "shr", "where", "cast"}
+
+
+class Expr:
+    __slots__ = ("op", "dtype", "srcs", "arg", "__weakref__")
+    # hash-consing table; weak, so kernels that are done with their expressions free them
+    _table: "weakref.WeakValueDictionary[tuple, Expr]" = weakref.WeakValueDictionary()
+
+    def __new__(cls, op: str, dtype: DType, srcs: tuple["Expr", ...] = (), arg: Any = None):
+        key = (op, dtype, tuple(id(s) for s in srcs), arg if not isinstance(arg, float) or arg == arg
+               else "nan")
+        hit = cls._table.get(key)
+        if hit is not None:
+            return hit
+        self = object.__new__(cls)
+        self.op, self.dtype, self.srcs, self.arg = op, dtype, srcs, arg
+        cls._table[key] = self
+        return self
+
+    def __repr__(self) -> str:
+        if self.op in ("const", "var", "special"):
+            return f"{self.op}({self.arg!r}:{self.dtype.name})"
+        return f"{self.op}({', '.join(map(repr, self.srcs))})"
+
+    # small builders that fold constants, used by the lowering
+    def __add__(self, other: "Expr | int") -> "Expr":
+        return alu("add", self, other)
+
+    def __mul__(self, other: "Expr | int") -> "Expr":
+        return alu("mul", self, other)
+
+    def __lt__(self, other: "Expr | int") -> "Expr":  # type: ignore[override]
+        return alu("lt", self, other)
+
+
+def const(value: Any, dtype: DType) -> Expr:
+    if dtype.is_bool:
+        value = bool(value)
+    elif dtype.is_float:
+        value = float(value)
+    else:
+        value = int(value)
+    return Expr("const", dtype, (), value)
+
+
+def var(name: str, dtype: DType = int32) -> Expr:
+    return Expr("var", dtype, (), name)
+
+
+def special(name: str) -> Expr:
+    return Expr("special", int32, (), name)
+
+
+def _as_expr(x: "Expr | int | float | bool", like: Expr) -> Expr:
+    return x if isinstance(x, Expr) else const(x, like.dtype)
+
+
+def alu(op: str, a: Expr, *rest: "Expr | int | float") -> Expr:
+    srcs = (a, *[_as_expr(r, a) for r in rest])
+    dtype = bool_ if op in ("lt", "eq", "ne") else srcs[-1].dtype if op == "where" else a.dtype
+    if op in ("add", "mul", "sub") and all(s.op == "const" for s in srcs) and not dtype.is_float:
+        x, y = srcs[0].arg, srcs[1].arg
+        return const(x + y if op == "add" else x * y if op == "mul" else x - y, dtype)
+    if op == "add":
+        if srcs[1].op == "const" and srcs[1].arg == 0:
+            return a
+        if a.op == "const" and a.arg == 0:
+            return srcs[1]
+    if op == "mul" and not dtype.is_float:
+        if srcs[1].op == "const" and srcs[1].arg == 1:
+            return a
+        if a.op == "const" and a.arg == 1:
+            return srcs[1]
+        if srcs[1].op == "const" and srcs[1].arg == 0:
+            return srcs[1]
+    if op == "and" and dtype == bool_:
+        if srcs[1].op == "const":
+            return a if srcs[1].arg else srcs[1]
+        if a.op == "const":
+            return srcs[1] if a.arg else a
+    if op == "where" and a.op == "const":
+        return srcs[1] if a.arg else srcs[2]
+    return Expr(op, dtype, srcs)
+
+
+def cast(x: Expr, dtype: DType) -> Expr:
+    if x.dtype == dtype:
+        return x
+    if x.op == "const":
+        return const(x.arg, dtype)
+    return Expr("cast", dtype, (x,))
+
+
+def load(buf: str, dtype: DType, index: Expr, guard: Expr | None = None) -> Expr:
+    return Expr("load", dtype, (index,) if guard is None else (index, guard), buf)
+
+
+# ---- statements -------------------------------------------------------------------------------
+@dataclass
+class Decl:
+    name: str
+    dtype: DType
+    init: Expr
+
+
+@dataclass
+class Assign:
+    name: str
+    value: Expr
+
+
+@dataclass
+class Store:
+    buf: str
+    index: Expr
+    value: Expr
+
+
+@dataclass
+class For:
+    name: str
+    start: Expr
+    stop: Expr
+    step: Expr
+    body: list["Stmt"]
+    parallel: bool = False  # iterations may run on separate threads (cpu)
+    reduction: tuple[str, str] | None = None  # (op, accumulator) combined across threads (cpu)
+
+
+@dataclass
+class If:
+    cond: Expr
+    body: list["Stmt"]
+
+
+@dataclass
+class Barrier:
+    pass
+
+
+@dataclass
+class LocalArray:
+    name: str
+    dtype: DType
+    size: int
+
+
+Stmt = Decl | Assign | Store | For | If | Barrier | LocalArray
+
+
+@dataclass
+class Param:
+    name: str
+    dtype: DType  # element dtype as stored
+    written: bool
+
+
+@dataclass
+class Kernel:
+    name: str
+    params: list[Param]
+    body: list[Stmt]
+    groups: int = 1  # number of work-groups (flat; renderers/launchers fold it to 2-D if needed)
+    local: int = 1  # threads per work-group
+    meta: dict[str, Any] = field(default_factory=dict)  # bytes moved etc., for ANYGPU_DEBUG
+
+    @property
+    def local_names(self) -> set[str]:
+        return {s.name for s in self.body if isinstance(s, LocalArray)}
+
+
+ACC_FLOAT = float32

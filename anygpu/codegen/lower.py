@@ -1,0 +1,478 @@
+"""Fused op group -> kernel IR.
+
+A kernel iterates over one shape ``S``. Some axes of ``S`` may be reduce axes ``R``; then the
+kernel computes one or more reductions over ``R`` in sequence for each outer index (a *stage*
+each: softmax has two, max then sum), and writes either one value per outer index (a reduced
+output) or the full ``S`` again with the stage results broadcast (softmax's output).
+
+Building a kernel walks the lazy graph down from its root with symbolic indices (``sym.Lin``):
+movement ops only transform indices, elementwise ops become expressions, and anything that cannot
+be fused (a realized buffer, a reduction of another shape, a ``contiguous``) becomes a load from
+an input buffer that the scheduler realizes first. Adjacent axes whose indices always appear as
+one flat index are merged, so a contiguous elementwise chain is a flat 1-D loop.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from anygpu.codegen import ir, sym
+from anygpu.dtype import DType, bool_, int32, int64, max_value, min_value
+from anygpu.graph.lazy import Lazy
+from anygpu.ops.primitives import ELEMENTWISE, MOVEMENT, REDUCE, Op
+
+Shape = tuple[int, ...]
+
+ALU = {Op.NEG: "neg", Op.EXP2: "exp2", Op.LOG2: "log2", Op.SIN: "sin", Op.SQRT: "sqrt",
+       Op.RECIP: "recip", Op.TRUNC: "trunc", Op.NOT: "not", Op.ADD: "add", Op.MUL: "mul",
+       Op.DIV: "div", Op.IDIV: "idiv", Op.MOD: "mod", Op.MAX: "max", Op.CMPLT: "lt",
+       Op.CMPEQ: "eq", Op.AND: "and", Op.OR: "or", Op.XOR: "xor", Op.SHL: "shl", Op.SHR: "shr",
+       Op.WHERE: "where"}
+REDUCE_ALU = {Op.SUM: "add", Op.RMAX: "max", Op.PROD: "mul"}
+
+
+def reduce_identity(op: Op, dtype: DType) -> ir.Expr:
+    identity = {Op.SUM: 0, Op.PROD: 1, Op.RMAX: min_value(dtype)}[op]
+    return ir.const(identity, dtype)
+
+
+@dataclass
+class KernelSpec:
+    """What one kernel computes: ``root`` over the iteration shape ``shape``."""
+
+    root: Lazy
+    shape: Shape
+    reduce_axes: tuple[int, ...]
+    reduced_output: bool
+
+
+def _first_reduces(root: Lazy) -> list[Lazy]:
+    """Reductions reachable from root through fusable nodes, in visit order."""
+    found: list[Lazy] = []
+    seen: set[int] = set()
+    stack = [root.srcs[0]] if root.op is Op.CONTIGUOUS else [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or node.realized:
+            continue
+        seen.add(id(node))
+        if node.op in REDUCE:
+            found.append(node)
+        elif node.op in ELEMENTWISE or node.op in MOVEMENT:
+            stack.extend(reversed(node.srcs))
+    return found
+
+
+def choose_spec(root: Lazy) -> KernelSpec:
+    if root.op in REDUCE:
+        return KernelSpec(root, root.srcs[0].shape, root.arg, True)
+    for red in _first_reduces(root):
+        if red.numel == root.numel:
+            return KernelSpec(root, red.srcs[0].shape, red.arg, True)
+        if red.srcs[0].shape == root.shape:
+            return KernelSpec(root, root.shape, red.arg, False)
+    return KernelSpec(root, root.shape, (), False)
+
+
+@dataclass
+class Stage:
+    op: Op
+    dtype: DType
+    value: ir.Expr
+
+
+@dataclass
+class KernelAST:
+    """A kernel before loops are chosen: merged axes, stages and the output expression."""
+
+    dims: list[tuple[str, int, bool]]  # (variable, size, is reduce axis), outer to inner
+    stages: list[Stage]
+    out_index: ir.Expr
+    out_value: ir.Expr
+    reduced_output: bool
+    output: Lazy
+    inputs: list[Lazy]  # buffer b1, b2, ... (b0 is the output)
+    index_dtype: DType
+    lins: list[sym.Lin] = field(default_factory=list)
+
+    @property
+    def outer(self) -> list[tuple[str, int, bool]]:
+        return [d for d in self.dims if not d[2]]
+
+    @property
+    def reduce(self) -> list[tuple[str, int, bool]]:
+        return [d for d in self.dims if d[2]]
+
+    def buffer_names(self) -> list[str]:
+        return [f"b{i}" for i in range(len(self.inputs) + 1)]
+
+
+Cond = tuple[sym.Lin, int, int]  # lo <= lin < hi
+
+
+class _Builder:
+    def __init__(self, spec: KernelSpec, groups: list[list[int]], index_dtype: DType):
+        self.spec, self.index_dtype = spec, index_dtype
+        S, R = spec.shape, set(spec.reduce_axes)
+        self.dims: list[tuple[str, int, bool]] = []
+        self.axis_lins: list[sym.Lin] = [sym.const(0)] * len(S)
+        for k, group in enumerate(groups):
+            is_red = group[0] in R
+            size = math.prod(S[a] for a in group)
+            name = f"{'r' if is_red else 'o'}{k}"
+            self.dims.append((name, size, is_red))
+            parts = sym.unflatten(sym.var(name, size), tuple(S[a] for a in group))
+            for a, lin in zip(group, parts):
+                self.axis_lins[a] = lin
+        self.keep_shape = tuple(1 if a in R else n for a, n in enumerate(S))
+        self.outer_flat = sym.flat_index(
+            [sym.const(0) if a in R else lin for a, lin in enumerate(self.axis_lins)],
+            self.keep_shape)
+        self.inputs: list[Lazy] = []
+        self.input_names: dict[int, str] = {}
+        self.stages: list[Stage] = []
+        self.stage_of: dict[int, ir.Expr] = {}
+        self.memo: dict[tuple, ir.Expr] = {}
+        self.lins: list[sym.Lin] = []
+
+    # ---- indices ---------------------------------------------------------------------------------
+    def lin_expr(self, lin: sym.Lin) -> ir.Expr:
+        self.lins.append(lin)
+        dt = self.index_dtype
+        out = ir.const(lin.const, dt)
+        for atom, c in lin.terms:
+            if isinstance(atom, sym.Var):
+                term = ir.var(atom.name, dt)
+            else:
+                inner = self.lin_expr(atom.a)
+                term = ir.alu("idiv" if isinstance(atom, sym.Div) else "mod", inner,
+                              ir.const(atom.b, dt))
+            out = ir.alu("add", out, ir.alu("mul", term, ir.const(c, dt)))
+        return out
+
+    def cond_expr(self, conds: tuple[Cond, ...]) -> ir.Expr | None:
+        out: ir.Expr | None = None
+        for lin, lo, hi in conds:
+            e = self.lin_expr(lin)
+            lo_lin, hi_lin = lin.bounds
+            parts = []
+            if lo_lin < lo:
+                parts.append(ir.alu("lt", ir.const(lo - 1, e.dtype), e))
+            if hi_lin >= hi:
+                parts.append(ir.alu("lt", e, ir.const(hi, e.dtype)))
+            for p in parts:
+                out = p if out is None else ir.alu("and", out, p)
+        return out
+
+    # ---- values ----------------------------------------------------------------------------------
+    def load(self, node: Lazy, idx: list[sym.Lin], conds: tuple[Cond, ...]) -> ir.Expr:
+        name = self.load_base(node)
+        flat = sym.flat_index(idx, node.shape)
+        guard = self.cond_expr(conds)
+        return ir.load(name, node.dtype, self.lin_expr(flat), guard)
+
+    def value(self, node: Lazy, idx: list[sym.Lin], conds: tuple[Cond, ...] = ()) -> ir.Expr:
+        key = (id(node), tuple(idx), conds)
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = self._value(node, idx, conds)
+        return hit
+
+    def _value(self, node: Lazy, idx: list[sym.Lin], conds: tuple[Cond, ...]) -> ir.Expr:
+        op = node.op
+        if node.realized or op is Op.COPY or (op is Op.CONTIGUOUS and node is not self.spec.root):
+            return self.load(node, idx, conds)
+        if op is Op.CONTIGUOUS:
+            return self.value(node.srcs[0], idx, conds)
+        if op is Op.CONST:
+            return ir.const(node.arg, node.dtype)
+        if op is Op.IOTA:
+            return ir.cast(self.lin_expr(idx[0]), node.dtype)
+        if op is Op.GATHER:
+            return self.gather(node, idx, conds)
+        if op in ELEMENTWISE:
+            srcs = [self.value(s, idx, conds) for s in node.srcs]
+            if op is Op.CAST:
+                return ir.cast(srcs[0], node.dtype)
+            return ir.alu(ALU[op], *srcs)
+        if op in REDUCE:
+            return self.reduce_value(node, idx, conds)
+        return self.movement(node, idx, conds)
+
+    def gather(self, node: Lazy, idx: list[sym.Lin], conds: tuple[Cond, ...]) -> ir.Expr:
+        """A load whose index along ``axis`` is data: the source is realized first."""
+        src, index_node = node.srcs
+        axis = node.arg
+        dyn = ir.cast(self.value(index_node, idx, conds), self.index_dtype)
+        n = src.shape[axis]
+        # an out-of-range index reads a clamped element instead of memory outside the buffer
+        zero, top = ir.const(0, self.index_dtype), ir.const(n - 1, self.index_dtype)
+        dyn = ir.alu("max", dyn, zero)
+        dyn = ir.alu("where", ir.alu("lt", top, dyn), top, dyn)
+        static = [sym.const(0) if a == axis else i for a, i in enumerate(idx)]
+        stride = sym.strides_of(src.shape)[axis]
+        base = self.load_base(src)
+        flat = ir.alu("add", self.lin_expr(sym.flat_index(static, src.shape)),
+                      ir.alu("mul", dyn, ir.const(stride, self.index_dtype)))
+        return ir.load(base, src.dtype, flat, self.cond_expr(conds))
+
+    def load_base(self, node: Lazy) -> str:
+        key = id(node.buffer) if node.buffer is not None else id(node)
+        if key not in self.input_names:
+            self.input_names[key] = f"b{len(self.inputs) + 1}"
+            self.inputs.append(node)
+        return self.input_names[key]
+
+    def reduce_value(self, node: Lazy, idx: list[sym.Lin], conds: tuple[Cond, ...]) -> ir.Expr:
+        spec = self.spec
+        fusable = (node.srcs[0].shape == spec.shape and node.arg == spec.reduce_axes
+                   and sym.flat_index(idx, node.shape) == self.outer_flat)
+        if not fusable:
+            return self.load(node, idx, conds)
+        if id(node) not in self.stage_of:
+            value = self.value(node.srcs[0], self.axis_lins)
+            name = f"acc{len(self.stages)}"
+            self.stages.append(Stage(node.op, node.dtype, value))
+            self.stage_of[id(node)] = ir.var(name, node.dtype)
+        return self.stage_of[id(node)]
+
+    def movement(self, node: Lazy, idx: list[sym.Lin], conds: tuple[Cond, ...]) -> ir.Expr:
+        op, arg, src = node.op, node.arg, node.srcs[0]
+        if op is Op.RESHAPE:
+            return self.value(src, sym.unflatten(sym.flat_index(idx, node.shape), src.shape), conds)
+        if op is Op.PERMUTE:
+            inv = [sym.const(0)] * len(idx)
+            for i, a in enumerate(arg):
+                inv[a] = idx[i]
+            return self.value(src, inv, conds)
+        if op is Op.EXPAND:
+            return self.value(src, [sym.const(0) if s == 1 and n != 1 else i
+                                    for i, s, n in zip(idx, src.shape, node.shape)], conds)
+        if op is Op.SHRINK:
+            return self.value(src, [i + lo for i, (lo, _) in zip(idx, arg)], conds)
+        if op is Op.FLIP:
+            return self.value(src, [sym.const(n - 1) - i if a in arg else i
+                                    for a, (i, n) in enumerate(zip(idx, node.shape))], conds)
+        assert op is Op.PAD
+        new: list[Cond] = []
+        for i, (lo, _), n in zip(idx, arg, src.shape):
+            ilo, ihi = i.bounds
+            if ihi < lo or ilo >= lo + n:
+                return ir.const(0, node.dtype)  # entirely in the padding
+            if ilo < lo or ihi >= lo + n:
+                new.append((i, lo, lo + n))
+        src_idx = [i - lo for i, (lo, _) in zip(idx, arg)]
+        if not new:
+            return self.value(src, src_idx, conds)
+        inner = self.value(src, src_idx, conds + tuple(new))
+        cond = self.cond_expr(tuple(new))
+        assert cond is not None
+        return ir.alu("where", cond, inner, ir.const(0, node.dtype))
+
+    # ---- the whole kernel -------------------------------------------------------------------------
+    def build(self) -> KernelAST:
+        spec, root = self.spec, self.spec.root
+        if spec.reduced_output:
+            out_flat = self.outer_flat
+            root_idx = sym.unflatten(out_flat, root.shape)
+        else:
+            out_flat = sym.flat_index(self.axis_lins, spec.shape)
+            root_idx = self.axis_lins
+        value = self.value(root, root_idx)
+        out_index = self.lin_expr(out_flat)
+        return KernelAST(self.dims, self.stages, out_index, value, spec.reduced_output, root,
+                         self.inputs, self.index_dtype, self.lins)
+
+
+def _index_dtype(spec: KernelSpec) -> DType:
+    biggest = max([math.prod(spec.shape), spec.root.numel] +
+                  [n.numel for n in _first_reduces(spec.root)])
+    return int32 if biggest < 2**31 - 1 else int64
+
+
+def _initial_groups(spec: KernelSpec) -> list[list[int]]:
+    return [[a] for a, n in enumerate(spec.shape) if n > 1] or [[0]] if spec.shape else []
+
+
+def build_kernel(spec: KernelSpec) -> KernelAST:
+    """Lower a kernel spec, merging adjacent axes wherever every index keeps them together."""
+    dt = _index_dtype(spec)
+    groups = _initial_groups(spec)
+    first = _Builder(spec, groups, dt).build()
+    lins = first.lins
+    # try to merge each group with the next one (same kind) until nothing changes
+    names = [d[0] for d in first.dims]
+    k = len(groups) - 2
+    while k >= 0:
+        a, b = groups[k], groups[k + 1]
+        R = set(spec.reduce_axes)
+        if (a[0] in R) == (b[0] in R):
+            na = math.prod(spec.shape[x] for x in a)
+            nb = math.prod(spec.shape[x] for x in b)
+            merged = sym.Var("m", na * nb)
+            mapping = {sym.Var(names[k], na): sym.div(sym.var("m", na * nb), nb),
+                       sym.Var(names[k + 1], nb): sym.mod(sym.var("m", na * nb), nb)}
+            trial = [sym.substitute(lin, mapping) for lin in lins]
+            if not any(sym.has_divmod_of(lin, merged) for lin in trial):
+                groups[k:k + 2] = [a + b]
+                names[k:k + 2] = ["m"]
+                lins = trial
+                # rename the merged variable to a fresh name so the next merge can find it
+                fresh = f"g{len(groups)}_{k}"
+                lins = [sym.substitute(lin, {merged: sym.var(fresh, na * nb)}) for lin in lins]
+                names[k] = fresh
+        k -= 1
+    return _Builder(spec, groups, dt).build()
+
+
+def kernel_bytes(ast: KernelAST) -> int:
+    """The fewest bytes the kernel moves: each input read once and the output written once."""
+    return sum(n.numel * n.dtype.itemsize for n in ast.inputs) + \
+        ast.output.numel * ast.output.dtype.itemsize
+
+
+# ---- loops ------------------------------------------------------------------------------------
+def _decompose(flat: ir.Expr, dims: list[tuple[str, int, bool]]) -> list[ir.Stmt]:
+    """Declare each dim's variable from a flat index over ``dims`` (row-major)."""
+    out: list[ir.Stmt] = []
+    strides = sym.strides_of(tuple(d[1] for d in dims))
+    for (name, size, _), st in zip(dims, strides):
+        e = flat
+        if st != 1:
+            e = ir.alu("idiv", e, ir.const(st, flat.dtype))
+        if st * size != math.prod(d[1] for d in dims):
+            e = ir.alu("mod", e, ir.const(size, flat.dtype))
+        out.append(ir.Decl(name, flat.dtype, e))
+    return out
+
+
+def _accumulate(stage: Stage, name: str) -> ir.Stmt:
+    return ir.Assign(name, ir.alu(REDUCE_ALU[stage.op], ir.var(name, stage.dtype), stage.value))
+
+
+def to_ir(ast: KernelAST, dialect: str, max_local: int = 256) -> ir.Kernel:
+    """Choose loops for the kernel on a device: plain loops on cpu, work-groups on GPUs."""
+    params = [ir.Param("b0", ast.output.dtype, True)] + \
+        [ir.Param(f"b{i + 1}", n.dtype, False) for i, n in enumerate(ast.inputs)]
+    outer_total = math.prod(d[1] for d in ast.outer)
+    red_total = math.prod(d[1] for d in ast.reduce)
+    dt = ast.index_dtype
+    sizes = "_".join(str(d[1]) for d in ast.dims) or "1"
+    name = ("r_" if ast.reduce else "e_") + sizes
+    store = ir.Store("b0", ast.out_index, ast.out_value)
+    if dialect == "c":
+        body = _cpu_body(ast, store, outer_total)
+        return ir.Kernel(name, params, body, 1, 1, {"bytes": kernel_bytes(ast)})
+    if not ast.reduce:
+        local = min(256, max_local)
+        per_thread = 4 if outer_total >= (1 << 20) else 1
+        groups = -(-outer_total // (local * per_thread))
+        base = ir.alu("add", ir.alu("mul", ir.special("gid"), ir.const(local * per_thread, dt)),
+                      ir.special("lid"))
+        body: list[ir.Stmt] = []
+        for e in range(per_thread):
+            flat = ir.alu("add", base, ir.const(e * local, dt))
+            inner = _decompose(flat, ast.dims) + [store]
+            body.append(ir.If(ir.alu("lt", flat, ir.const(outer_total, dt)), inner))
+        return ir.Kernel(name, params, body, groups, local, {"bytes": kernel_bytes(ast)})
+    if ast.dims[-1][2] or outer_total < 2048:
+        return _group_per_output(ast, name, params, store, outer_total, red_total, max_local)
+    return _thread_per_output(ast, name, params, store, outer_total, red_total, max_local)
+
+
+def _reduce_loop(ast: KernelAST, start: ir.Expr, step: ir.Expr, total: int,
+                 body: list[ir.Stmt]) -> ir.Stmt:
+    dt = ast.index_dtype
+    inner = _decompose(ir.var("ridx", dt), ast.reduce) + body
+    return ir.For("ridx", start, ir.const(total, dt), step, inner)
+
+
+def _cpu_body(ast: KernelAST, store: ir.Store, outer_total: int) -> list[ir.Stmt]:
+    dt = ast.index_dtype
+    red_total = math.prod(d[1] for d in ast.reduce)
+    work = outer_total * max(red_total, 1)
+    one = ir.const(1, dt)
+    inner: list[ir.Stmt] = []
+    for k, stage in enumerate(ast.stages):
+        acc = f"acc{k}"
+        inner.append(ir.Decl(acc, stage.dtype, reduce_identity(stage.op, stage.dtype)))
+        loop = _reduce_loop(ast, ir.const(0, dt), one, red_total, [_accumulate(stage, acc)])
+        if outer_total == 1 and len(ast.stages) == 1 and work >= 1 << 15:
+            assert isinstance(loop, ir.For)
+            loop.parallel, loop.reduction = True, (REDUCE_ALU[stage.op], acc)
+        inner.append(loop)
+    if ast.reduce and not ast.reduced_output:
+        inner.append(_reduce_loop(ast, ir.const(0, dt), one, red_total, [store]))
+    else:
+        inner.append(store)
+    if not ast.outer:
+        return inner
+    outer = ir.For("oidx", ir.const(0, dt), ir.const(outer_total, dt), one,
+                   _decompose(ir.var("oidx", dt), ast.outer) + inner,
+                   parallel=work >= 1 << 15)
+    return [outer]
+
+
+def _pow2_at_most(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: ir.Store,
+                      outer_total: int, red_total: int, max_local: int) -> ir.Kernel:
+    """One work-group per output row; its threads stride over the row, then combine in local
+    memory. Several stages reread the row, mostly from cache."""
+    dt = ast.index_dtype
+    local = min(256, _pow2_at_most(max_local), 1 << max(red_total - 1, 1).bit_length())
+    lid, step = ir.special("lid"), ir.const(local, dt)
+    body: list[ir.Stmt] = _decompose(ir.special("gid"), ast.outer)
+    for k, stage in enumerate(ast.stages):
+        acc, lmem = f"acc{k}", f"lmem{k}"
+        accv = ir.var(acc, stage.dtype)
+        op = REDUCE_ALU[stage.op]
+        body += [ir.LocalArray(lmem, stage.dtype, local),
+                 ir.Decl(acc, stage.dtype, reduce_identity(stage.op, stage.dtype)),
+                 _reduce_loop(ast, lid, step, red_total, [_accumulate(stage, acc)]),
+                 ir.Store(lmem, lid, accv), ir.Barrier()]
+        s = local // 2
+        while s > 0:
+            partner = ir.load(lmem, stage.dtype, ir.alu("add", lid, ir.const(s, dt)))
+            mine = ir.load(lmem, stage.dtype, lid)
+            body += [ir.If(ir.alu("lt", lid, ir.const(s, dt)),
+                           [ir.Store(lmem, lid, ir.alu(op, mine, partner))]), ir.Barrier()]
+            s //= 2
+        body += [ir.Assign(acc, ir.load(lmem, stage.dtype, ir.const(0, dt))), ir.Barrier()]
+    if ast.reduced_output:
+        body.append(ir.If(ir.alu("eq", lid, ir.const(0, dt)), [store]))
+    else:
+        body.append(_reduce_loop(ast, lid, step, red_total, [store]))
+    # local arrays are declared at the top of the kernel (OpenCL and WGSL need that)
+    arrays = [s for s in body if isinstance(s, ir.LocalArray)]
+    rest = [s for s in body if not isinstance(s, ir.LocalArray)]
+    return ir.Kernel(name, params, arrays + rest, outer_total, local, {"bytes": kernel_bytes(ast)})
+
+
+def _thread_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: ir.Store,
+                       outer_total: int, red_total: int, max_local: int) -> ir.Kernel:
+    """One thread per output; neighbouring threads read neighbouring addresses each step."""
+    dt = ast.index_dtype
+    local = min(256, max_local)
+    one = ir.const(1, dt)
+    flat = ir.alu("add", ir.alu("mul", ir.special("gid"), ir.const(local, dt)), ir.special("lid"))
+    inner: list[ir.Stmt] = [ir.Decl("oidx", dt, flat)]
+    inner += _decompose(ir.var("oidx", dt), ast.outer)
+    for k, stage in enumerate(ast.stages):
+        acc = f"acc{k}"
+        inner.append(ir.Decl(acc, stage.dtype, reduce_identity(stage.op, stage.dtype)))
+        inner.append(_reduce_loop(ast, ir.const(0, dt), one, red_total, [_accumulate(stage, acc)]))
+    if ast.reduced_output:
+        inner.append(store)
+    else:
+        inner.append(_reduce_loop(ast, ir.const(0, dt), one, red_total, [store]))
+    body: list[ir.Stmt] = [ir.If(ir.alu("lt", flat, ir.const(outer_total, dt)), inner)]
+    return ir.Kernel(name, params, body, -(-outer_total // local), local,
+                     {"bytes": kernel_bytes(ast)})
+
+
+__all__ = ["KernelSpec", "KernelAST", "choose_spec", "build_kernel", "to_ir", "max_value",
+           "bool_"]

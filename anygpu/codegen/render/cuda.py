@@ -1,0 +1,74 @@
+"""CUDA C (compiled by NVRTC) and HIP, which shares the dialect."""
+
+from __future__ import annotations
+
+from anygpu.codegen import ir
+from anygpu.codegen.render.cstyle import BASE_TYPES, RENDERERS, CStyleRenderer, uses_dtype
+from anygpu.dtype import DType, bfloat16, float16
+
+
+class CUDARenderer(CStyleRenderer):
+    dialect = "cuda"
+    kernel_prefix = 'extern "C" __global__ '
+    restrict = "__restrict__"
+    barrier = "__syncthreads();"
+    local_qualifier = "__shared__"
+    types = {**BASE_TYPES, float16: "__half", bfloat16: "__nv_bfloat16"}
+    math_fns = {"exp2": "exp2f({0})", "log2": "log2f({0})", "sin": "sinf({0})",
+                "sqrt": "sqrtf({0})", "trunc": "truncf({0})"}
+    specials = {"lid": "((int)threadIdx.x)", "gid": "((int)blockIdx.x)"}
+    fp16_header = "#include <cuda_fp16.h>"
+    bf16_header = "#include <cuda_bf16.h>"
+
+    def literal(self, value: object, dtype: DType) -> str:
+        if dtype.is_float:
+            v = float(value)  # type: ignore[arg-type]
+            if v != v:
+                return "__int_as_float(0x7fc00000)"
+            if v in (float("inf"), float("-inf")):
+                return "__int_as_float(0x7f800000)" if v > 0 else "__int_as_float(0xff800000)"
+        return super().literal(value, dtype)
+
+    def round_f16(self, x: str) -> str:
+        return f"__half2float(__float2half_rn({x}))"
+
+    def render_cast(self, x: str, src: DType, dst: DType) -> str:
+        if dst == bfloat16:
+            return f"__bfloat162float(__float2bfloat16_rn((float)({x})))"
+        return super().render_cast(x, src, dst)
+
+    def load_global(self, buf: str, dtype: DType, index: str) -> str:
+        if dtype == float16:
+            return f"__half2float({buf}[{index}])"
+        if dtype == bfloat16:
+            return f"__bfloat162float({buf}[{index}])"
+        return super().load_global(buf, dtype, index)
+
+    def store_global(self, buf: str, dtype: DType, index: str, value: str) -> str:
+        if dtype == float16:
+            return f"{buf}[{index}] = __float2half_rn({value});"
+        if dtype == bfloat16:
+            return f"{buf}[{index}] = __float2bfloat16_rn({value});"
+        return super().store_global(buf, dtype, index, value)
+
+    def signature(self, kernel: ir.Kernel) -> str:
+        sig = super().signature(kernel)
+        return sig.replace("void ", f"void __launch_bounds__({kernel.local}) ", 1)
+
+    def prelude(self, kernel: ir.Kernel) -> list[str]:
+        lines = []
+        if uses_dtype(kernel, float16):
+            lines.append(self.fp16_header)
+        if uses_dtype(kernel, bfloat16):
+            lines.append(self.bf16_header)
+        return lines
+
+
+class HIPRenderer(CUDARenderer):
+    dialect = "hip"
+    fp16_header = "#include <hip/hip_fp16.h>"
+    bf16_header = "#include <hip/hip_bf16.h>"
+
+
+RENDERERS["cuda"] = CUDARenderer
+RENDERERS["hip"] = HIPRenderer

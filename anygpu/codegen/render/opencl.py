@@ -1,0 +1,69 @@
+"""OpenCL C: work-groups, __local memory, barriers; half through vload_half/vstore_half, so
+float16 buffers work on devices without cl_khr_fp16."""
+
+from __future__ import annotations
+
+from anygpu.codegen import ir
+from anygpu.codegen.render.cstyle import RENDERERS, CStyleRenderer, uses_dtype
+from anygpu.dtype import DType, bfloat16, bool_, float16, float32, int8, int32, int64, uint8, uint32
+
+BF16_HELPERS = """\
+inline float bf16_to_f32(ushort x) { return as_float(((uint)x) << 16); }
+inline ushort f32_to_bf16(float f) {
+  uint u = as_uint(f);
+  if (f != f) return (ushort)0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u); return (ushort)(u >> 16); }
+inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }"""
+
+# round a float to the nearest half and back, without needing the half type
+F16_HELPERS = """\
+inline float f16_round(float f) {
+  __private half h[1]; vstore_half_rte(f, 0, h); return vload_half(0, h); }"""
+
+
+class OpenCLRenderer(CStyleRenderer):
+    dialect = "opencl"
+    kernel_prefix = "__kernel "
+    buffer_qualifier = "__global"
+    restrict = "restrict"
+    barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
+    local_qualifier = "__local"
+    types = {bool_: "uchar", uint8: "uchar", int8: "char", int32: "int", uint32: "uint",
+             int64: "long", float32: "float", float16: "half", bfloat16: "ushort"}
+    math_fns = {"exp2": "exp2({0})", "log2": "log2({0})", "sin": "sin({0})",
+                "sqrt": "sqrt({0})", "trunc": "trunc({0})"}
+    specials = {"lid": "((int)get_local_id(0))", "gid": "((int)get_group_id(0))"}
+
+    def literal(self, value: object, dtype: DType) -> str:
+        if dtype == int64:
+            iv = int(value)  # type: ignore[call-overload]
+            return f"{iv}L" if iv != -(2**63) else "(-9223372036854775807L-1)"
+        return super().literal(value, dtype)
+
+    def round_f16(self, x: str) -> str:
+        return f"f16_round({x})"
+
+    def load_global(self, buf: str, dtype: DType, index: str) -> str:
+        if dtype == float16:
+            return f"vload_half({index}, {buf})"
+        return super().load_global(buf, dtype, index)
+
+    def store_global(self, buf: str, dtype: DType, index: str, value: str) -> str:
+        if dtype == float16:
+            return f"vstore_half_rte({value}, {index}, {buf});"
+        return super().store_global(buf, dtype, index, value)
+
+    def signature(self, kernel: ir.Kernel) -> str:
+        attr = f"__attribute__((reqd_work_group_size({kernel.local}, 1, 1))) "
+        return self.kernel_prefix + attr + super().signature(kernel)[len(self.kernel_prefix):]
+
+    def prelude(self, kernel: ir.Kernel) -> list[str]:
+        lines = []
+        if uses_dtype(kernel, bfloat16):
+            lines.append(BF16_HELPERS)
+        if uses_dtype(kernel, float16):
+            lines.append(F16_HELPERS)
+        return lines
+
+
+RENDERERS["opencl"] = OpenCLRenderer

@@ -1,0 +1,151 @@
+"""WGSL for WebGPU. Deltas from the C style: typed declarations (``let``/``var``), ``select``,
+casts as constructors, buffers as module-scope bindings, and 32-bit storage for 8-bit types
+(WGSL has no 8-bit scalars; see ``WebGPUDevice.storage_dtype``), whose arithmetic wraps explicitly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from anygpu.codegen import ir
+from anygpu.codegen.render.cstyle import RENDERERS, CStyleRenderer, uses_dtype
+from anygpu.dtype import DType, bfloat16, bool_, float16, float32, int8, int32, int64, uint8, uint32
+
+# WebGPU allows at most 65535 work-groups per dimension: launches fold the rest into y
+MAX_GROUPS_X = 65535
+
+
+class WGSLRenderer(CStyleRenderer):
+    dialect = "wgsl"
+    barrier = "workgroupBarrier();"
+    types = {bool_: "bool", uint8: "u32", int8: "i32", int32: "i32", uint32: "u32",
+             int64: "i64", float32: "f32", float16: "f16"}
+    storage = {bool_: "u32", uint8: "u32", int8: "i32", int32: "i32", uint32: "u32",
+               int64: "i64", float32: "f32", float16: "f16"}
+    math_fns = {"exp2": "exp2({0})", "log2": "log2({0})", "sin": "sin({0})",
+                "sqrt": "sqrt({0})", "trunc": "trunc({0})"}
+    specials = {"lid": "i32(lidv.x)", "gid": "gidx"}
+
+    def compute_type(self, dtype: DType) -> str:
+        if dtype == bfloat16:
+            raise TypeError("bfloat16 has no WGSL type")
+        return self.types[float32 if dtype == float16 else dtype]
+
+    def storage_type(self, dtype: DType) -> str:
+        return self.storage[dtype]
+
+    def literal(self, value: object, dtype: DType) -> str:
+        if dtype.is_bool:
+            return "true" if value else "false"
+        if dtype.is_float:
+            v = float(value)  # type: ignore[arg-type]
+            if math.isnan(v):
+                return "bitcast<f32>(0x7fc00000u)"
+            if math.isinf(v):
+                return "bitcast<f32>(0x7f800000u)" if v > 0 else "bitcast<f32>(0xff800000u)"
+            return f"{float(np.float32(v))!r}f"
+        iv = int(value)  # type: ignore[call-overload]
+        if dtype in (uint32, uint8):
+            return f"{iv}u"
+        if dtype == int64:
+            return f"{iv}li" if iv != -(2**63) else "(-9223372036854775807li - 1li)"
+        return f"{iv}i" if iv != -(2**31) else "(-2147483647i - 1i)"
+
+    def declare_const(self, name: str, dtype: DType, value: str) -> str:
+        return f"let {name}: {self.compute_type(dtype)} = {value};"
+
+    def declare_var(self, name: str, dtype: DType, init: str) -> str:
+        return f"var {name}: {self.compute_type(dtype)} = {init};"
+
+    def for_header(self, name: str, dtype: DType, start: str, stop: str, step: str) -> str:
+        t = self.types[dtype]
+        return f"for (var {name}: {t} = {start}; {name} < {stop}; {name} += {step}) {{"
+
+    def local_array(self, st: ir.LocalArray) -> str:
+        return ""  # declared at module scope in render()
+
+    def select(self, c: str, a: str, b: str) -> str:
+        return f"select({b}, {a}, {c})"
+
+    def wrap(self, text: str, dtype: DType) -> str:
+        if dtype == int8:
+            return f"(({text} << 24u) >> 24u)"
+        if dtype == uint8:
+            return f"({text} & 255u)"
+        return text
+
+    def render_op(self, e: ir.Expr) -> str:
+        if e.op == "max" and e.dtype.is_float:
+            a, b = self.expr(e.srcs[0], True), self.expr(e.srcs[1], True)
+            return f"select({b}, {a}, {a} > {b} || {a} != {a})"
+        if e.op in ("shl", "shr"):
+            a, b = self.expr(e.srcs[0]), self.expr(e.srcs[1])
+            return self.wrap(f"({a} {'<<' if e.op == 'shl' else '>>'} u32({b}))", e.dtype)
+        if e.op == "recip":
+            return f"(1.0f / {self.expr(e.srcs[0])})"
+        if e.op == "not":
+            return f"(!{self.expr(e.srcs[0])})"
+        return super().render_op(e)
+
+    def render_cast(self, x: str, src: DType, dst: DType) -> str:
+        if dst == bool_:
+            return f"({x} != {self.literal(0, src)})"
+        if src == bool_:
+            return f"select({self.literal(0, dst)}, {self.literal(1, dst)}, {x})"
+        if dst == float16:
+            return f"f32(f16({x}))"
+        if dst in (int8, uint8):
+            return self.wrap(f"{self.types[dst]}({x})", dst)
+        return f"{self.compute_type(dst)}({x})"
+
+    def load_global(self, buf: str, dtype: DType, index: str) -> str:
+        if dtype == bool_:
+            return f"({buf}[{index}] != 0u)"
+        if dtype == float16:
+            return f"f32({buf}[{index}])"
+        return f"{buf}[{index}]"
+
+    def store_global(self, buf: str, dtype: DType, index: str, value: str) -> str:
+        if dtype == bool_:
+            return f"{buf}[{index}] = select(0u, 1u, {value});"
+        if dtype == float16:
+            return f"{buf}[{index}] = f16({value});"
+        return f"{buf}[{index}] = {value};"
+
+    def render(self, kernel: ir.Kernel) -> str:
+        if uses_dtype(kernel, bfloat16):
+            raise TypeError("bfloat16 is not supported by WGSL")
+        body = super().render(kernel).splitlines()[1:-1]  # drop the C signature and closing brace
+        head: list[str] = []
+        if uses_dtype(kernel, float16):
+            head.append("enable f16;")
+        for i, p in enumerate(kernel.params):
+            access = "read_write" if p.written else "read"
+            head.append(f"@group(0) @binding({i}) var<storage, {access}> {p.name}: "
+                        f"array<{self.storage_type(p.dtype)}>;")
+        for st in kernel.body:
+            if isinstance(st, ir.LocalArray):
+                head.append(f"var<workgroup> {st.name}: array<{self.compute_type(st.dtype)}, "
+                            f"{st.size}>;")
+        head.append(f"@compute @workgroup_size({kernel.local})")
+        head.append(f"fn {kernel.name}(@builtin(workgroup_id) wid: vec3<u32>, "
+                    "@builtin(local_invocation_id) lidv: vec3<u32>) {")
+        head.append(f"  let gidx: i32 = i32(wid.x + wid.y * {MAX_GROUPS_X}u);")
+        if kernel.groups > MAX_GROUPS_X:
+            head.append(f"  if (gidx >= {kernel.groups}i) {{ return; }}")
+        return "\n".join(head + body + ["}", ""])
+
+    def signature(self, kernel: ir.Kernel) -> str:
+        return "fn placeholder() {"
+
+
+RENDERERS["wgsl"] = WGSLRenderer
+
+
+def launch_groups(groups: int) -> tuple[int, int]:
+    """Fold a flat work-group count into WebGPU's two dimensions."""
+    if groups <= MAX_GROUPS_X:
+        return (groups, 1)
+    return (MAX_GROUPS_X, -(-groups // MAX_GROUPS_X))

@@ -1,0 +1,155 @@
+"""One node of the lazy graph: a primitive op, its sources, shape, dtype and device.
+
+A node becomes realized when a kernel writes it into a device buffer; it then drops its sources so
+the graph behind it can be freed. Movement ops on constants fold away here, at build time.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from anygpu.dtype import DType
+from anygpu.ops.primitives import ELEMENTWISE, MOVEMENT, REDUCE, Op, result_dtype
+from anygpu.runtime.base import Buffer
+
+Shape = tuple[int, ...]
+
+
+class Lazy:
+    __slots__ = ("op", "srcs", "arg", "shape", "dtype", "device", "buffer", "__weakref__")
+
+    def __init__(self, op: Op, srcs: tuple["Lazy", ...], arg: Any, shape: Shape, dtype: DType,
+                 device: str):
+        self.op, self.srcs, self.arg = op, srcs, arg
+        self.shape, self.dtype, self.device = shape, dtype, device
+        self.buffer: Buffer | None = None
+
+    def __repr__(self) -> str:
+        state = "realized" if self.buffer is not None else self.op.value
+        return f"<Lazy {state} {self.shape} {self.dtype.name} {self.device}>"
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def realized(self) -> bool:
+        return self.buffer is not None
+
+    def set_buffer(self, buffer: Buffer) -> None:
+        self.buffer, self.op, self.srcs, self.arg = buffer, Op.BUFFER, (), None
+
+    # ---- constructors ---------------------------------------------------------------------------
+    @staticmethod
+    def from_buffer(buffer: Buffer, shape: Shape, dtype: DType, device: str) -> "Lazy":
+        node = Lazy(Op.BUFFER, (), None, tuple(shape), dtype, device)
+        node.buffer = buffer
+        return node
+
+    @staticmethod
+    def const(value: Any, shape: Shape, dtype: DType, device: str) -> "Lazy":
+        if dtype.is_bool:
+            value = bool(value)
+        elif dtype.is_float:
+            value = float(value)
+        else:
+            value = int(value)
+        return Lazy(Op.CONST, (), value, tuple(shape), dtype, device)
+
+    @staticmethod
+    def iota(n: int, dtype: DType, device: str) -> "Lazy":
+        return Lazy(Op.IOTA, (), None, (n,), dtype, device)
+
+    def gather(self, axis: int, index: "Lazy") -> "Lazy":
+        """out[o] = self[o with o[axis] replaced by index[o]] (index has the output's shape)."""
+        if len(index.shape) != len(self.shape) or any(
+                o > n for a, (o, n) in enumerate(zip(index.shape, self.shape)) if a != axis):
+            raise ValueError(f"gather: index shape {index.shape} does not fit {self.shape} "
+                             f"along axis {axis}")
+        if index.dtype.is_float or index.dtype.is_bool:
+            raise TypeError(f"gather: index must be an integer tensor, got {index.dtype.name}")
+        if index.device != self.device:
+            raise ValueError(f"gather: index on {index.device}, source on {self.device}")
+        return Lazy(Op.GATHER, (self, index), axis, index.shape, self.dtype, self.device)
+
+    def alu(self, op: Op, *others: "Lazy", arg: Any = None) -> "Lazy":
+        assert op in ELEMENTWISE, op
+        srcs = (self, *others)
+        for s in srcs:
+            if s.shape != self.shape:
+                raise ValueError(f"{op.value}: shapes differ {[x.shape for x in srcs]}")
+            if s.device != self.device:
+                raise ValueError(f"{op.value}: operands on different devices "
+                                 f"{[x.device for x in srcs]}; move them with .to()")
+        dtype = result_dtype(op, [s.dtype for s in srcs], arg)
+        if op is Op.CAST and dtype == self.dtype:
+            return self
+        return Lazy(op, srcs, arg, self.shape, dtype, self.device)
+
+    def reduce(self, op: Op, axes: Sequence[int]) -> "Lazy":
+        assert op in REDUCE, op
+        axes = tuple(sorted(set(axes)))
+        if not axes:
+            return self
+        shape = tuple(1 if i in axes else n for i, n in enumerate(self.shape))
+        if any(self.shape[a] == 0 for a in axes):
+            raise ValueError(f"{op.value} over an empty axis of shape {self.shape}")
+        return Lazy(op, (self,), axes, shape, self.dtype, self.device)
+
+    def movement(self, op: Op, arg: Any) -> "Lazy":
+        assert op in MOVEMENT, op
+        shape = movement_shape(self.shape, op, arg)
+        if op in (Op.RESHAPE, Op.EXPAND) and shape == self.shape:
+            return self
+        if op is Op.PERMUTE and tuple(arg) == tuple(range(len(self.shape))):
+            return self
+        if op is Op.PAD and all(tuple(p) == (0, 0) for p in arg):
+            return self
+        if op is Op.SHRINK and all(tuple(p) == (0, n) for p, n in zip(arg, self.shape)):
+            return self
+        if op is Op.FLIP and not arg:
+            return self
+        if self.op is Op.CONST and op is not Op.PAD:
+            return Lazy.const(self.arg, shape, self.dtype, self.device)
+        if op is self.op and op in (Op.RESHAPE, Op.EXPAND) and not self.realized:
+            return self.srcs[0].movement(op, arg)  # collapse chains of reshapes/expands
+        return Lazy(op, (self,), tuple(arg), shape, self.dtype, self.device)
+
+    def contiguous(self) -> "Lazy":
+        return Lazy(Op.CONTIGUOUS, (self,), None, self.shape, self.dtype, self.device)
+
+    def copy_to(self, device: str) -> "Lazy":
+        return Lazy(Op.COPY, (self,), device, self.shape, self.dtype, device)
+
+
+def movement_shape(shape: Shape, op: Op, arg: Any) -> Shape:
+    """Check a movement op's argument against ``shape`` and return the new shape."""
+    nd = len(shape)
+    if op is Op.RESHAPE:
+        new = tuple(int(n) for n in arg)
+        if any(n < 0 for n in new) or math.prod(new) != math.prod(shape):
+            raise ValueError(f"cannot reshape {shape} to {new}")
+        return new
+    if op is Op.PERMUTE:
+        if sorted(arg) != list(range(nd)):
+            raise ValueError(f"permute {tuple(arg)} is not an order of {nd} axes")
+        return tuple(shape[a] for a in arg)
+    if op is Op.EXPAND:
+        new = tuple(int(n) for n in arg)
+        if len(new) != nd or any(o != n and o != 1 for o, n in zip(shape, new)):
+            raise ValueError(f"cannot expand {shape} to {new}")
+        return new
+    if op is Op.PAD:
+        if len(arg) != nd or any(b < 0 or a < 0 for a, b in arg):
+            raise ValueError(f"bad padding {arg} for shape {shape}")
+        return tuple(n + a + b for n, (a, b) in zip(shape, arg))
+    if op is Op.SHRINK:
+        if len(arg) != nd or any(not 0 <= a <= b <= n for n, (a, b) in zip(shape, arg)):
+            raise ValueError(f"bad shrink {arg} for shape {shape}")
+        return tuple(b - a for a, b in arg)
+    if op is Op.FLIP:
+        if any(not 0 <= a < nd for a in arg):
+            raise ValueError(f"bad flip axes {arg} for shape {shape}")
+        return shape
+    raise AssertionError(op)

@@ -1,0 +1,255 @@
+"""The opencl backend: OpenCL C through PyOpenCL, on any platform's GPU or CPU device.
+
+Devices of all platforms are numbered GPUs first, so ``opencl:0`` is a GPU when there is one
+(PoCL, from ``pip install pocl-binary-distribution``, supplies a CPU device anywhere). Each device
+has one context and one in-order, profiling command queue; launches and host-to-device copies
+return without waiting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from anygpu.dtype import DType, float16
+from anygpu.runtime.base import Buffer, Device, DeviceError, DeviceInfo, Program
+from anygpu.runtime.registry import BackendUnavailable
+
+try:
+    import pyopencl as cl
+except (ImportError, OSError) as _err:  # OSError: the package is there but libOpenCL is not
+    cl = None  # type: ignore[assignment]
+    _IMPORT_ERROR: BaseException | None = _err
+else:
+    _IMPORT_ERROR = None
+
+_NO_PLATFORM = ("opencl: no OpenCL platform found (install pocl-binary-distribution for a CPU "
+                "device, or a GPU driver)")
+
+
+@functools.cache
+def _cl_devices() -> tuple[Any, ...]:
+    """Every OpenCL device of every platform, GPUs first, in platform order otherwise."""
+    if cl is None:
+        raise BackendUnavailable(f"opencl: pyopencl cannot be imported ({_IMPORT_ERROR}); "
+                                 "install it with pip install 'anygpu[opencl]'")
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error as err:  # the ICD loader reports "no platform" as an error
+        raise BackendUnavailable(f"{_NO_PLATFORM}: {err}") from err
+    devices = []
+    for platform in platforms:
+        try:
+            devices.extend(platform.get_devices())
+        except cl.Error:  # a platform without devices (DEVICE_NOT_FOUND)
+            continue
+    if not devices:
+        raise BackendUnavailable(_NO_PLATFORM)
+    gpus = [d for d in devices if d.type & cl.device_type.GPU]
+    return tuple(gpus + [d for d in devices if not d.type & cl.device_type.GPU])
+
+
+def device_count() -> int:
+    return len(_cl_devices())
+
+
+_OOM_CODES = ("MEM_OBJECT_ALLOCATION_FAILURE", "OUT_OF_RESOURCES", "OUT_OF_HOST_MEMORY")
+
+
+def _is_oom(err: Exception) -> bool:
+    return isinstance(err, cl.MemoryError) or any(
+        getattr(err, "code", None) == getattr(cl.status_code, name) for name in _OOM_CODES)
+
+
+class OpenCLProgram(Program):
+    def __init__(self, device: OpenCLDevice, name: str, program: Any):
+        super().__init__(device, name)
+        self.program = program
+        with device._errors(f"creating kernel {name}"):
+            self.kernel = cl.Kernel(program, name)
+        # Kernel arguments are state on the kernel object: set them and enqueue as one step.
+        self._lock = threading.Lock()
+
+    def __call__(self, buffers: Sequence[Buffer], groups: Sequence[int] = (1,),
+                 local: Sequence[int] = (1,), wait: bool = False) -> float | None:
+        dims = max(len(groups), len(local))
+        groups = tuple(groups) + (1,) * (dims - len(groups))
+        local = tuple(local) + (1,) * (dims - len(local))
+        if 0 in groups:
+            return 0.0 if wait else None
+        global_size = tuple(g * l for g, l in zip(groups, local))
+        device: OpenCLDevice = self.device  # type: ignore[assignment]
+        what = (f"launching kernel {self.name} with groups={groups} local={local} "
+                f"on {len(buffers)} buffers")
+        with device._errors(what), self._lock:
+            self.kernel.set_args(*(b.handle for b in buffers))
+            event = cl.enqueue_nd_range_kernel(device.queue, self.kernel, global_size, local)
+        if not wait:
+            return None
+        with device._errors(f"running kernel {self.name}"):
+            event.wait()
+            return (event.profile.end - event.profile.start) * 1e-9
+
+
+class OpenCLDevice(Device):
+    backend = "opencl"
+    dialect = "opencl"
+
+    def __init__(self, index: int = 0):
+        super().__init__(index)
+        devices = _cl_devices()
+        if index >= len(devices):
+            raise BackendUnavailable(f"{self.name}: no such device (opencl has {len(devices)})")
+        self.cl_device = devices[index]
+        with self._errors("creating the context and command queue"):
+            self.context = cl.Context([self.cl_device])
+            self.queue = cl.CommandQueue(
+                self.context, self.cl_device,
+                properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self.build_options = self._build_options()
+        self._info: DeviceInfo | None = None
+        self._extensions = set(self.cl_device.extensions.split())
+        # Many drivers (PoCL among them) reserve memory only when a buffer is first used, so
+        # creating buffers past the device's memory succeeds and fails later, outside the
+        # allocator. Counting the bytes held here turns that into a MemoryError at alloc time,
+        # which lets the caching allocator free its cache and retry.
+        self._lock = threading.Lock()
+        self._mem_held = 0
+        # Host arrays of copies still in flight, with their events (see _copy_in).
+        self._staged: list[tuple[Any, np.ndarray]] = []
+
+    @contextlib.contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        """Turn OpenCL errors into DeviceError naming this device and the operation."""
+        try:
+            yield
+        except cl.Error as err:
+            raise DeviceError(f"{self.name}: {what} failed: {err}") from err
+
+    def _build_options(self) -> list[str]:
+        match = re.search(r"OpenCL C (\d+)\.(\d+)", self.cl_device.opencl_c_version)
+        if match and (int(match.group(1)), int(match.group(2))) >= (1, 2):
+            return ["-cl-std=CL1.2"]
+        return []
+
+    @property
+    def info(self) -> DeviceInfo:
+        if self._info is None:
+            d = self.cl_device
+            platform = d.platform.name.strip()
+            driver = " ".join([platform, d.driver_version.strip(), d.version.strip(),
+                               *self.build_options])
+            self._info = DeviceInfo(
+                name=d.name.strip(), memory=d.global_mem_size,
+                compute_units=d.max_compute_units, driver=driver,
+                max_local_size=d.max_work_group_size, local_memory=d.local_mem_size,
+                extra={"fp16": "cl_khr_fp16" in self._extensions,
+                       "fp64": "cl_khr_fp64" in self._extensions,
+                       "platform": platform, "max_alloc": d.max_mem_alloc_size})
+        return self._info
+
+    def supports(self, dtype: DType) -> bool:
+        # bfloat16 is stored as ushort and computed as float by the generated source
+        if dtype == float16:
+            return "cl_khr_fp16" in self._extensions
+        return True
+
+    # ---- memory ---------------------------------------------------------------------------------
+    def _alloc(self, nbytes: int) -> Any:
+        limit = self.cl_device.max_mem_alloc_size
+        if nbytes > limit:
+            raise MemoryError(f"{self.name}: {nbytes} bytes exceeds the largest single "
+                              f"allocation the device allows ({limit} bytes)")
+        with self._lock:
+            total = self.cl_device.global_mem_size
+            if self._mem_held + nbytes > total:
+                raise MemoryError(f"{self.name}: {nbytes} more bytes exceeds the device's "
+                                  f"{total} bytes ({self._mem_held} held)")
+            self._mem_held += nbytes
+        try:
+            return cl.Buffer(self.context, cl.mem_flags.READ_WRITE, nbytes)
+        except cl.Error as err:
+            with self._lock:
+                self._mem_held -= nbytes
+            if _is_oom(err):
+                raise MemoryError(f"{self.name}: allocating {nbytes} bytes failed: {err}") from err
+            raise DeviceError(f"{self.name}: allocating {nbytes} bytes failed: {err}") from err
+
+    def _free(self, handle: Any) -> None:
+        with self._lock:
+            self._mem_held -= handle.size
+        handle.release()
+
+    def _copy_in(self, handle: Any, host: np.ndarray) -> None:
+        if host.nbytes == 0:
+            return
+        # The caller may change or drop ``host`` as soon as this returns, so the queue reads a
+        # private copy, kept alive (with its event) until the transfer has finished.
+        staged = host.copy()
+        with self._errors(f"copying {host.nbytes} bytes to the device"):
+            event = cl.enqueue_copy(self.queue, handle, staged, is_blocking=False)
+        with self._lock:
+            self._drop_finished_copies()
+            self._staged.append((event, staged))
+
+    def _drop_finished_copies(self) -> None:
+        complete = cl.command_execution_status.COMPLETE
+        self._staged = [(e, a) for e, a in self._staged if e.command_execution_status != complete]
+
+    def _copy_out(self, host: np.ndarray, handle: Any) -> None:
+        if host.nbytes == 0:
+            return
+        with self._errors(f"copying {host.nbytes} bytes from the device"):
+            cl.enqueue_copy(self.queue, host, handle, is_blocking=True)
+
+    def _copy(self, dst: Any, src: Any, nbytes: int) -> None:
+        if nbytes == 0:
+            return
+        with self._errors(f"copying {nbytes} bytes on the device"):
+            cl.enqueue_copy(self.queue, dst, src, byte_count=nbytes)
+
+    # ---- programs -------------------------------------------------------------------------------
+    def _build(self, program: Any, name: str, source: str) -> Any:
+        """Build ``program`` for this device; DeviceError with the build log on failure."""
+        try:
+            with warnings.catch_warnings():
+                # a successful build's log (warnings, "compilation started") is not news
+                warnings.simplefilter("ignore", cl.CompilerWarning)
+                return program.build(options=self.build_options, devices=[self.cl_device],
+                                     cache_dir=False)
+        except cl.Error as err:
+            raise DeviceError(f"{self.name}: compiling kernel {name} failed "
+                              f"(options {' '.join(self.build_options) or 'none'}):\n{err}\n"
+                              f"--- source ---\n{source}") from err
+
+    def compile(self, source: str, name: str) -> bytes:
+        program = self._build(cl.Program(self.context, source), name, source)
+        with self._errors(f"reading the binary of kernel {name}"):
+            return bytes(program.binaries[0])
+
+    def load(self, binary: bytes, name: str, source: str) -> Program:
+        try:
+            program = cl.Program(self.context, [self.cl_device], [binary])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", cl.CompilerWarning)
+                program.build(options=self.build_options, devices=[self.cl_device])
+        except cl.Error:
+            # A binary from another driver version (or an empty one): build from source instead.
+            program = self._build(cl.Program(self.context, source), name, source)
+        return OpenCLProgram(self, name, program)
+
+    def synchronize(self) -> None:
+        with self._errors("waiting for the queue"):
+            self.queue.finish()
+        with self._lock:
+            self._drop_finished_copies()
+
+
+DEVICE = OpenCLDevice

@@ -1,0 +1,414 @@
+"""The webgpu backend: WGSL kernels run through wgpu-native (Vulkan, Metal or D3D12 underneath).
+
+Buffers are storage buffers; a kernel is a WGSL compute entry point whose ``@group(0)
+@binding(i)`` is the i-th buffer of the launch. Launches are queued without waiting.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import re
+import threading
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from anygpu import dtype as dt
+from anygpu.runtime.base import Buffer, Device, DeviceError, DeviceInfo, Program
+from anygpu.runtime.registry import BackendUnavailable
+
+try:
+    import wgpu
+except ImportError as _err:  # the registry must still be able to import this module
+    wgpu = None
+    _IMPORT_ERROR: ImportError | None = _err
+else:
+    _IMPORT_ERROR = None
+
+# The limits a compute backend needs; the device is requested with each at the adapter's maximum
+# (WebGPU otherwise grants only the portable defaults, e.g. 8 storage buffers and 128 MiB buffers).
+_COMPUTE_LIMITS = (
+    "max_storage_buffers_per_shader_stage",
+    "max_storage_buffer_binding_size",
+    "max_buffer_size",
+    "max_compute_workgroup_storage_size",
+    "max_compute_invocations_per_workgroup",
+    "max_compute_workgroup_size_x",
+    "max_compute_workgroups_per_dimension",
+)
+_OPTIONAL_FEATURES = ("shader-f16", "shader-int64", "timestamp-query")
+
+# `@group(g) @binding(b) var<storage[, access]> name` (the two attributes in either order)
+_BINDING = re.compile(r"((?:@\s*(?:group|binding)\s*\(\s*\d+\s*\)\s*)+)"
+                      r"var\s*<\s*storage\s*(?:,\s*(read_write|read)\s*)?>")
+_ATTR = re.compile(r"@\s*(group|binding)\s*\(\s*(\d+)\s*\)")
+_WORKGROUP_SIZE = re.compile(r"@\s*workgroup_size\s*\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?"
+                             r"(?:,\s*(\d+)\s*)?,?\s*\)")
+
+
+def _round4(nbytes: int) -> int:
+    return (nbytes + 3) & ~3
+
+
+def _limit(limits: Any, name: str) -> int:
+    return int(limits[name.replace("_", "-")])
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter() -> Any:
+    if wgpu is None:
+        raise BackendUnavailable(f"webgpu: missing Python package wgpu ({_IMPORT_ERROR}); install "
+                                 "it with pip install 'anygpu[webgpu]'")
+    try:
+        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    except RuntimeError as err:  # how wgpu reports an instance that finds nothing
+        adapter, reason = None, f" ({err})"
+    else:
+        reason = ""
+    if adapter is None:
+        raise BackendUnavailable(
+            f"webgpu: no adapter found{reason} (install a Vulkan/Metal/D3D12 driver; on Linux "
+            "without a GPU, Mesa's lavapipe: apt install mesa-vulkan-drivers)")
+    return adapter
+
+
+def device_count() -> int:
+    _adapter()
+    return 1
+
+
+def _wgpu_version() -> str:
+    native = getattr(getattr(wgpu, "backends", None), "wgpu_native", None)
+    native_version = getattr(native, "__version__", "")
+    return f"wgpu-py {wgpu.__version__}" + (f" wgpu-native {native_version}" if native_version
+                                            else "")
+
+
+def _bindings(source: str) -> dict[int, str]:
+    """Binding index -> "storage" (read_write) or "read-only-storage", from the WGSL source."""
+    found: dict[int, str] = {}
+    for match in _BINDING.finditer(source):
+        attrs = dict(_ATTR.findall(match.group(1)))
+        if "binding" not in attrs:
+            continue
+        if int(attrs.get("group", 0)) != 0:
+            raise DeviceError("webgpu: kernels must declare their buffers in @group(0)")
+        # var<storage> without an access mode is read-only in WGSL
+        access = match.group(2) or "read"
+        found[int(attrs["binding"])] = "storage" if access == "read_write" else "read-only-storage"
+    return found
+
+
+def _workgroup_size(source: str, name: str) -> tuple[int, int, int] | None:
+    """The entry point's literal @workgroup_size, or None when it is not plain integers."""
+    entry = re.search(r"\bfn\s+" + re.escape(name) + r"\s*\(", source)
+    if entry is None:
+        return None
+    # the attributes sit between the previous declaration's end and `fn name(`
+    head = source[:entry.start()]
+    attributes = head[max(head.rfind(";"), head.rfind("}")) + 1:]
+    size = _WORKGROUP_SIZE.search(attributes)
+    if size is None:
+        return None
+    x, y, z = (int(v) if v else 1 for v in size.groups())
+    return (x, y, z)
+
+
+def _pad3(values: Sequence[int], what: str) -> tuple[int, int, int]:
+    values = tuple(int(v) for v in values)
+    if not 1 <= len(values) <= 3:
+        raise ValueError(f"{what} needs one to three dimensions, got {values}")
+    return values + (1,) * (3 - len(values))  # type: ignore[return-value]
+
+
+class _Timer:
+    """GPU timestamps at the start and end of one compute pass (the timestamp-query feature)."""
+
+    def __init__(self, gpu: Any):
+        self.query_set = gpu.create_query_set(type="timestamp", count=2)
+        usage = wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC
+        self.resolved = gpu.create_buffer(size=16, usage=usage)
+        self.lock = threading.Lock()  # one query set: one timed launch at a time
+        self.period_ns = 1.0
+        try:  # wgpu-native resolves raw ticks; the period converts them to nanoseconds
+            from wgpu.backends.wgpu_native import lib
+            self.period_ns = float(lib.wgpuQueueGetTimestampPeriod(gpu.queue._internal)) or 1.0
+        except (ImportError, AttributeError, TypeError):
+            pass  # keep 1.0, the period of most drivers
+
+    def writes(self) -> dict[str, Any]:
+        return {"query_set": self.query_set, "beginning_of_pass_write_index": 0,
+                "end_of_pass_write_index": 1}
+
+    def resolve(self, encoder: Any) -> None:
+        encoder.resolve_query_set(self.query_set, 0, 2, self.resolved, 0)
+
+    def seconds(self, queue: Any) -> float:
+        start, end = np.frombuffer(queue.read_buffer(self.resolved), dtype=np.uint64)[:2]
+        return (int(end) - int(start)) * self.period_ns * 1e-9
+
+
+class WebGPUProgram(Program):
+    """A compute pipeline with an explicit layout of one storage buffer per binding."""
+
+    _BIND_GROUP_CACHE = 64
+    device: WebGPUDevice
+
+    def __init__(self, device: WebGPUDevice, name: str, pipeline: Any, layout: Any,
+                 nbuffers: int, workgroup_size: tuple[int, int, int] | None):
+        super().__init__(device, name)
+        self.pipeline, self.layout, self.nbuffers = pipeline, layout, nbuffers
+        self.workgroup_size = workgroup_size
+        # Keyed by the handles' ids; each entry keeps its handles alive so no id is reused while
+        # its bind group is cached. Handles come back from the caching allocator unchanged, so
+        # steady-state loops hit this cache.
+        self._bind_groups: collections.OrderedDict[tuple[int, ...], tuple[Any, tuple[Any, ...]]]
+        self._bind_groups = collections.OrderedDict()
+
+    def _bind_group(self, handles: tuple[Any, ...]) -> Any:
+        key = tuple(id(h) for h in handles)
+        hit = self._bind_groups.get(key)
+        if hit is not None:
+            self._bind_groups.move_to_end(key)
+            return hit[0]
+        entries = [{"binding": i, "resource": {"buffer": h, "offset": 0, "size": h.size}}
+                   for i, h in enumerate(handles)]
+        group = self.device.gpu.create_bind_group(layout=self.layout, entries=entries)
+        self._bind_groups[key] = (group, handles)
+        if len(self._bind_groups) > self._BIND_GROUP_CACHE:
+            self._bind_groups.popitem(last=False)
+        return group
+
+    def _check(self, buffers: Sequence[Buffer], groups: tuple[int, int, int],
+               local: Sequence[int]) -> None:
+        dev = self.device
+        if len(buffers) != self.nbuffers:
+            raise ValueError(f"{dev.name}: kernel {self.name} declares {self.nbuffers} buffers, "
+                             f"got {len(buffers)}")
+        seen: dict[int, int] = {}
+        for i, buf in enumerate(buffers):
+            j = seen.setdefault(id(buf.handle), i)
+            if j != i:
+                # wgpu-native accepts two writable bindings of one buffer, but the kernels treat
+                # each binding as separate memory: reads through one race with writes through
+                # the other, so the caller must pass each buffer once.
+                raise ValueError(f"{dev.name}: kernel {self.name} got the same buffer "
+                                 f"({buf.nbytes} bytes) as arguments {j} and {i}; WebGPU binds "
+                                 "each buffer once per launch")
+            if buf.handle.size > dev.max_binding_size:
+                raise DeviceError(f"{dev.name}: buffer {i} of kernel {self.name} has "
+                                  f"{buf.nbytes} bytes, more than one binding may address "
+                                  f"({dev.max_binding_size}, max_storage_buffer_binding_size)")
+        most = dev.max_groups
+        for axis, count in enumerate(groups):
+            if count < 0 or count > most:
+                raise ValueError(f"{dev.name}: kernel {self.name} launched with {count} "
+                                 f"work-groups in dimension {axis}; WebGPU allows at most {most} "
+                                 "per dimension (fold the rest into the next dimension)")
+        want = self.workgroup_size
+        if want is not None and tuple(local) != (1,) and _pad3(local, "local") != want:
+            raise ValueError(f"{dev.name}: kernel {self.name} has @workgroup_size{want}, "
+                             f"launched with local={tuple(local)}")
+
+    def __call__(self, buffers: Sequence[Buffer], groups: Sequence[int] = (1,),
+                 local: Sequence[int] = (1,), wait: bool = False) -> float | None:
+        dev = self.device
+        grid = _pad3(groups, "groups")
+        self._check(buffers, grid, local)
+        timer = dev._timer if wait else None
+        lock = timer.lock if timer is not None else contextlib.nullcontext()
+        try:
+            bind_group = self._bind_group(tuple(b.handle for b in buffers))
+            with lock:
+                encoder = dev.gpu.create_command_encoder()
+                compute = encoder.begin_compute_pass(
+                    timestamp_writes=timer.writes() if timer is not None else None)
+                compute.set_pipeline(self.pipeline)
+                compute.set_bind_group(0, bind_group)
+                compute.dispatch_workgroups(*grid)
+                compute.end()
+                if timer is not None:
+                    timer.resolve(encoder)
+                start = time.perf_counter()
+                dev.gpu.queue.submit([encoder.finish()])
+                if not wait:
+                    return None
+                if timer is not None:
+                    elapsed = timer.seconds(dev.gpu.queue)  # reading the result waits
+                    if elapsed > 0:
+                        return elapsed
+                # no timestamps (or a driver that reports none): host time around submit + wait
+                dev.synchronize()
+                return time.perf_counter() - start
+        except wgpu.GPUError as err:
+            raise DeviceError(f"{dev.name}: launching kernel {self.name} with groups={grid} "
+                              f"failed:\n{err}") from err
+
+
+class WebGPUDevice(Device):
+    """A WebGPU adapter's device. Kernels are WGSL compute shaders.
+
+    WGSL has only 32-bit scalars (plus f16 with shader-f16 and i64 with shader-int64), so 8-bit
+    types and bool live widened: :meth:`storage_dtype` gives the element type a buffer holds
+    (int8 -> int32, uint8 and bool -> uint32, bool as 0/1). ``_copy_in`` takes and ``_copy_out``
+    fills host arrays already in the storage dtype; the caller converts. Buffer sizes are rounded
+    up to a multiple of 4 bytes on the device, while :class:`Buffer` keeps the size asked for.
+    """
+
+    backend = "webgpu"
+    dialect = "wgsl"
+
+    def __init__(self, index: int = 0):
+        super().__init__(index)
+        self.adapter = _adapter()
+        if index != 0:
+            raise BackendUnavailable(f"webgpu:{index}: no such device (webgpu has 1)")
+        limits = {name: _limit(self.adapter.limits, name) for name in _COMPUTE_LIMITS}
+        features = [f for f in _OPTIONAL_FEATURES if f in self.adapter.features]
+        try:
+            self.gpu = self.adapter.request_device_sync(required_features=features,
+                                                        required_limits=limits)
+        except (RuntimeError, wgpu.GPUError) as err:
+            raise DeviceError(f"{self.name}: requesting the device failed: {err}") from err
+        self.features = frozenset(self.gpu.features)
+        self.max_buffer_size = _limit(self.gpu.limits, "max_buffer_size")
+        self.max_binding_size = _limit(self.gpu.limits, "max_storage_buffer_binding_size")
+        self.max_groups = _limit(self.gpu.limits, "max_compute_workgroups_per_dimension")
+        self.max_storage_buffers = _limit(self.gpu.limits, "max_storage_buffers_per_shader_stage")
+        self._timer = _Timer(self.gpu) if "timestamp-query" in self.features else None
+        self._fence: Any = None
+        self._validated: tuple[str, Any] | None = None  # the module compile() just built
+        self._info: DeviceInfo | None = None
+
+    @property
+    def info(self) -> DeviceInfo:
+        if self._info is None:
+            adapter = self.adapter.info
+            limits = self.gpu.limits
+            self._info = DeviceInfo(
+                name=f"{adapter.get('device') or adapter.get('vendor') or 'unknown'} "
+                     f"({adapter.get('backend_type', 'unknown')})",
+                # WebGPU does not report memory; the largest buffer is the closest it offers
+                memory=self.max_buffer_size,
+                compute_units=0,  # not reported by WebGPU
+                driver=f"{adapter.get('description', '')} {_wgpu_version()}".strip(),
+                max_local_size=_limit(limits, "max_compute_invocations_per_workgroup"),
+                local_memory=_limit(limits, "max_compute_workgroup_storage_size"),
+                extra={"features": sorted(self.features),
+                       "adapter_type": adapter.get("adapter_type", "unknown"),
+                       "limits": {name: _limit(limits, name) for name in _COMPUTE_LIMITS}})
+        return self._info
+
+    def supports(self, dtype: dt.DType) -> bool:
+        if dtype == dt.float16:
+            return "shader-f16" in self.features
+        if dtype == dt.int64:
+            return "shader-int64" in self.features
+        return dtype != dt.bfloat16
+
+    def storage_dtype(self, dtype: dt.DType) -> dt.DType:
+        if dtype == dt.int8:
+            return dt.int32
+        if dtype in (dt.uint8, dt.bool_):
+            return dt.uint32
+        return dtype
+
+    def _alloc(self, nbytes: int) -> Any:
+        size = _round4(nbytes)  # WebGPU buffer sizes and copies are multiples of 4 bytes
+        if size > self.max_buffer_size:
+            raise MemoryError(f"{self.name}: {size} bytes exceeds max_buffer_size "
+                              f"({self.max_buffer_size})")
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+        try:
+            return self.gpu.create_buffer(size=size, usage=usage)
+        except wgpu.GPUOutOfMemoryError as err:
+            raise MemoryError(f"{self.name}: {err}") from err
+        except wgpu.GPUError as err:
+            raise DeviceError(f"{self.name}: allocating {size} bytes failed: {err}") from err
+
+    def _free(self, handle: Any) -> None:
+        handle.destroy()  # frees the memory now; queued work that uses it still completes
+
+    def _copy_in(self, handle: Any, host: np.ndarray) -> None:
+        data = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+        if data.nbytes == 0:
+            return
+        if data.nbytes % 4:
+            data = np.concatenate([data, np.zeros(_round4(data.nbytes) - data.nbytes, np.uint8)])
+        self.gpu.queue.write_buffer(handle, 0, data)
+
+    def _copy_out(self, host: np.ndarray, handle: Any) -> None:
+        nbytes = host.nbytes
+        if nbytes == 0:
+            return
+        data = self.gpu.queue.read_buffer(handle, 0, _round4(nbytes))  # waits for the queue
+        host.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8, nbytes)
+
+    def _copy(self, dst: Any, src: Any, nbytes: int) -> None:
+        if nbytes == 0:
+            return
+        encoder = self.gpu.create_command_encoder()
+        # both handles hold at least the padded size: the allocator pads every buffer alike
+        encoder.copy_buffer_to_buffer(src, 0, dst, 0, _round4(nbytes))
+        self.gpu.queue.submit([encoder.finish()])
+
+    def compile(self, source: str, name: str) -> bytes:
+        """Validate the WGSL (WebGPU has no portable binary: the "binary" is the source)."""
+        module = self._shader_module(source, name)
+        self._validated = (source, module)
+        return source.encode()
+
+    def _compile_cached(self, source: str, name: str) -> bytes:
+        # The disk cache would store the source itself and save no work (the pipeline is built
+        # at load either way), so it is skipped.
+        return self.compile(source, name)
+
+    def _shader_module(self, source: str, name: str) -> Any:
+        try:
+            return self.gpu.create_shader_module(label=name, code=source)
+        except (wgpu.GPUError, RuntimeError) as err:
+            raise DeviceError(f"{self.name}: compiling kernel {name} failed:\n{err}\n"
+                              f"--- source ---\n{source}") from err
+
+    def load(self, binary: bytes, name: str, source: str) -> Program:
+        code = binary.decode()
+        module = None
+        if self._validated is not None and self._validated[0] == code:
+            module = self._validated[1]
+        self._validated = None
+        if module is None:
+            module = self._shader_module(code, name)
+        kinds = _bindings(code)
+        nbuffers = max(kinds, default=-1) + 1
+        if nbuffers > self.max_storage_buffers:
+            raise DeviceError(f"{self.name}: kernel {name} binds {nbuffers} buffers; this device "
+                              f"allows {self.max_storage_buffers} (max_storage_buffers_per_shader"
+                              "_stage)")
+        # An explicit layout binds every buffer; layout="auto" would drop unused bindings and make
+        # the bind group depend on what the shader happens to read.
+        entries = [{"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
+                    "buffer": {"type": kinds.get(i, "storage")}} for i in range(nbuffers)]
+        try:
+            layout = self.gpu.create_bind_group_layout(entries=entries)
+            pipeline = self.gpu.create_compute_pipeline(
+                label=name, layout=self.gpu.create_pipeline_layout(bind_group_layouts=[layout]),
+                compute={"module": module, "entry_point": name})
+        except wgpu.GPUError as err:
+            raise DeviceError(f"{self.name}: building the pipeline of kernel {name} failed:\n"
+                              f"{err}\n--- source ---\n{code}") from err
+        return WebGPUProgram(self, name, pipeline, layout, nbuffers, _workgroup_size(code, name))
+
+    def synchronize(self) -> None:
+        # queue.on_submitted_work_done_sync() fails in wgpu-py 0.32 (its callback signature does
+        # not match wgpu-native's), so wait by reading a tiny buffer: the queue runs in order,
+        # and the read returns once everything submitted before it has finished.
+        if self._fence is None:
+            usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+            self._fence = self.gpu.create_buffer(size=4, usage=usage)
+        self.gpu.queue.read_buffer(self._fence, 0, 4)
+
+
+DEVICE = WebGPUDevice

@@ -1,0 +1,1174 @@
+"""Tensor: a lazy n-dimensional array with a PyTorch-like API.
+
+Operations build a graph; nothing runs until a value is needed (``numpy()``, ``item()``, printing)
+or ``realize()`` is called. Then the graph is fused into kernels and run on the tensor's device.
+
+>>> import anygpu as ag
+>>> x = ag.tensor([[1.0, 2.0], [3.0, 4.0]])
+>>> ((x * 2 + 1).relu().sum(1)).numpy().tolist()
+[8.0, 16.0]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence, Union
+
+import numpy as np
+
+from anygpu import dtype as dt
+from anygpu.dtype import DType
+from anygpu.graph import schedule as sched
+from anygpu.graph.lazy import Lazy
+from anygpu.ops.primitives import Op
+from anygpu.runtime.registry import canonical, get_device
+
+Scalar = Union[int, float, bool]
+TensorLike = Union["Tensor", Scalar, Sequence[Any], np.ndarray]
+ShapeLike = Union[int, Sequence[int]]
+
+LOG2_E = 1.4426950408889634
+LN_2 = 0.6931471805599453
+
+
+def _shape_arg(shape: tuple[Any, ...]) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(int(s) for s in shape[0])
+    return tuple(int(s) for s in shape)
+
+
+def _axis(axis: int, ndim: int) -> int:
+    if not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise IndexError(f"dimension {axis} out of range for a tensor of {ndim} dimensions")
+    return axis % max(ndim, 1)
+
+
+def _host_array(data: Any, dtype: DType | None) -> tuple[np.ndarray, DType]:
+    if isinstance(data, Tensor):
+        data = data.numpy()
+    if hasattr(data, "detach") and hasattr(data, "cpu"):  # a torch.Tensor
+        data = data.detach().cpu()
+        if str(data.dtype) == "torch.bfloat16":
+            arr = data.float().numpy()
+            return arr, dtype or dt.bfloat16
+        data = data.numpy()
+    arr = np.asarray(data)
+    if arr.dtype == object:
+        raise TypeError("cannot make a tensor from ragged or non-numeric data")
+    if dtype is None:
+        if arr.dtype == np.float64 and not isinstance(data, np.ndarray):
+            dtype = dt.float32  # Python floats take the default float dtype, as in PyTorch
+        elif arr.dtype.kind == "i" and not isinstance(data, np.ndarray):
+            dtype = dt.int64
+        else:
+            dtype = dt.from_numpy(arr.dtype)
+    return arr, dtype
+
+
+class Tensor:
+    """A lazy array on a device. ``Tensor(data, device=None, dtype=None, requires_grad=False)``."""
+
+    __slots__ = ("lazy", "requires_grad", "grad", "_ctx", "__weakref__")
+    __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's operators
+
+    def __init__(self, data: Any, device: str | None = None, dtype: Any = None,
+                 requires_grad: bool = False):
+        if isinstance(data, Lazy):
+            self.lazy = data
+        else:
+            want = None if dtype is None else dt.to_dtype(dtype)
+            arr, d = _host_array(data, want)
+            self.lazy = _upload(arr, d, canonical(device))
+        self.requires_grad = requires_grad
+        self.grad: Tensor | None = None
+        self._ctx: Any = None
+
+    # ---- properties --------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.lazy.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.lazy.dtype
+
+    @property
+    def device(self) -> str:
+        return self.lazy.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def numel(self) -> int:
+        return self.lazy.numel
+
+    def size(self, axis: int | None = None) -> Any:
+        return self.shape if axis is None else self.shape[_axis(axis, self.ndim)]
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_float
+
+    # ---- realizing and reading ----------------------------------------------------------------
+    def realize(self) -> "Tensor":
+        """Run the kernels that compute this tensor (queued; returns without waiting)."""
+        sched.realize(self.lazy)
+        return self
+
+    def numpy(self) -> np.ndarray:
+        """The values as a NumPy array (waits for the device). bfloat16 reads as float32."""
+        self.realize()
+        return sched.read_buffer(self.lazy)
+
+    def tolist(self) -> Any:
+        return self.numpy().tolist()
+
+    def item(self) -> Scalar:
+        if self.numel() != 1:
+            raise ValueError(f"item() needs exactly one element, this tensor has {self.numel()}")
+        return self.numpy().reshape(-1)[0].item()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        arr = self.numpy()
+        return arr if dtype is None else arr.astype(dtype)
+
+    def __repr__(self) -> str:
+        body = np.array2string(self.numpy(), separator=", ", precision=4)
+        extra = f", device='{self.device}'" if not self.device.startswith("cpu") else ""
+        if self.dtype not in (dt.float32, dt.int64, dt.bool_):
+            extra += f", dtype={self.dtype!r}"
+        if self.requires_grad:
+            extra += ", requires_grad=True"
+        return f"tensor({body}{extra})"
+
+    def to(self, *args: Any, **kwargs: Any) -> "Tensor":
+        """``to(device)``, ``to(dtype)`` or ``to(device, dtype)`` (PyTorch's order)."""
+        device, dtype = kwargs.get("device"), kwargs.get("dtype")
+        for a in args:
+            try:
+                dtype = dt.to_dtype(a) if not isinstance(a, str) or ":" not in a and a not in (
+                    "cpu", "opencl", "cuda", "webgpu", "hip") else None
+            except TypeError:
+                dtype = None
+            if dtype is None:
+                device = a
+        out = self
+        if dtype is not None:
+            out = out.cast(dtype)
+        if device is not None and canonical(device) != self.device:
+            out = Tensor._make(out.lazy.copy_to(canonical(device)), (out,), "copy")
+        return out
+
+    def cpu(self) -> "Tensor":
+        return self.to("cpu")
+
+    def cuda(self) -> "Tensor":
+        return self.to("cuda")
+
+    def contiguous(self) -> "Tensor":
+        return Tensor._make(self.lazy.contiguous(), (self,), "contiguous")
+
+    def detach(self) -> "Tensor":
+        return Tensor(self.lazy)
+
+    def clone(self) -> "Tensor":
+        return self.contiguous()
+
+    # ---- the one place graph nodes are made ----------------------------------------------------
+    @staticmethod
+    def _make(lazy: Lazy, parents: tuple["Tensor", ...], op: Any, arg: Any = None) -> "Tensor":
+        out = Tensor(lazy)
+        if any(p.requires_grad for p in parents):
+            out.requires_grad = True
+            out._ctx = (op, parents, arg)
+        return out
+
+    def _alu(self, op: Op, *others: "Tensor", arg: Any = None) -> "Tensor":
+        return Tensor._make(self.lazy.alu(op, *(o.lazy for o in others), arg=arg),
+                            (self, *others), op, arg)
+
+    def _move(self, op: Op, arg: Any) -> "Tensor":
+        lazy = self.lazy.movement(op, arg)
+        return self if lazy is self.lazy else Tensor._make(lazy, (self,), op, tuple(arg))
+
+    def _reduce(self, op: Op, axes: Sequence[int]) -> "Tensor":
+        return Tensor._make(self.lazy.reduce(op, axes), (self,), op, tuple(sorted(set(axes))))
+
+    # ---- dtype -------------------------------------------------------------------------------------
+    def cast(self, dtype: Any) -> "Tensor":
+        d = dt.to_dtype(dtype)
+        return self if d == self.dtype else self._alu(Op.CAST, arg=d)
+
+    def type(self, dtype: Any) -> "Tensor":
+        return self.cast(dtype)
+
+    def float(self) -> "Tensor":
+        return self.cast(dt.float32)
+
+    def half(self) -> "Tensor":
+        return self.cast(dt.float16)
+
+    def bfloat16(self) -> "Tensor":
+        return self.cast(dt.bfloat16)
+
+    def int(self) -> "Tensor":
+        return self.cast(dt.int32)
+
+    def long(self) -> "Tensor":
+        return self.cast(dt.int64)
+
+    def bool(self) -> "Tensor":
+        return self.cast(dt.bool_)
+
+    # ---- broadcasting ------------------------------------------------------------------------------
+    def _const_like(self, value: Scalar, dtype: DType | None = None,
+                    shape: tuple[int, ...] | None = None) -> "Tensor":
+        return Tensor(Lazy.const(value, self.shape if shape is None else shape,
+                                 dtype or self.dtype, self.device))
+
+    def _operands(self, other: TensorLike, reverse: bool = False,
+                  out_dtype: DType | None = None) -> tuple["Tensor", "Tensor"]:
+        if isinstance(other, Tensor):
+            d = dt.promote(self.dtype, other.dtype)
+            if other.device != self.device:
+                raise ValueError(f"operands are on different devices: {self.device} and "
+                                 f"{other.device}; move one with .to()")
+            a, b = self.cast(out_dtype or d), other.cast(out_dtype or d)
+        elif isinstance(other, (int, float, bool, np.number, np.bool_)):
+            d = out_dtype or dt.scalar_dtype(other, self.dtype)
+            a = self.cast(d)
+            b = Tensor(Lazy.const(other, (), d, self.device))
+        else:
+            return self._operands(Tensor(other, device=self.device), reverse, out_dtype)
+        a, b = _broadcast(a, b)
+        return (b, a) if reverse else (a, b)
+
+    # ---- arithmetic --------------------------------------------------------------------------------
+    def add(self, other: TensorLike, alpha: Scalar = 1) -> "Tensor":
+        if alpha != 1:
+            other = _as_tensor(other, self) * alpha
+        a, b = self._operands(other)
+        return a._alu(Op.ADD, b)
+
+    def sub(self, other: TensorLike, alpha: Scalar = 1) -> "Tensor":
+        a, b = self._operands(other)
+        if a.dtype == dt.bool_:
+            raise TypeError("subtraction of bool tensors is not supported; use logical_xor")
+        return a._alu(Op.ADD, b.neg() if alpha == 1 else b * (-alpha))
+
+    def mul(self, other: TensorLike) -> "Tensor":
+        a, b = self._operands(other)
+        if a.dtype == dt.bool_:
+            return a._alu(Op.AND, b)
+        return a._alu(Op.MUL, b)
+
+    def div(self, other: TensorLike, rounding_mode: str | None = None) -> "Tensor":
+        if rounding_mode == "floor":
+            return self.floor_divide(other)
+        if rounding_mode == "trunc":
+            a, b = self._operands(other)
+            return a._alu(Op.IDIV, b) if not a.dtype.is_float else (a / b).trunc()
+        a, b = self._operands(other)
+        if not a.dtype.is_float:
+            a, b = a.float(), b.float()
+        return a._alu(Op.DIV, b)
+
+    def neg(self) -> "Tensor":
+        if self.dtype == dt.bool_:
+            raise TypeError("negation of a bool tensor is not supported; use logical_not")
+        return self._alu(Op.NEG)
+
+    def floor_divide(self, other: TensorLike) -> "Tensor":
+        a, b = self._operands(other)
+        if a.dtype.is_float:
+            return (a / b).floor()
+        q = a._alu(Op.IDIV, b)
+        r = a._alu(Op.MOD, b)
+        fix = (r != 0).logical_and((r < 0).logical_xor(b < 0))
+        return q - fix.cast(q.dtype)
+
+    def remainder(self, other: TensorLike) -> "Tensor":
+        a, b = self._operands(other)
+        if a.dtype.is_float:
+            return a - (a / b).floor() * b
+        r = a._alu(Op.MOD, b)
+        fix = (r != 0).logical_and((r < 0).logical_xor(b < 0))
+        return r + fix.cast(r.dtype) * b
+
+    def fmod(self, other: TensorLike) -> "Tensor":
+        a, b = self._operands(other)
+        return a._alu(Op.MOD, b) if not a.dtype.is_float else a - (a / b).trunc() * b
+
+    def pow(self, exponent: TensorLike) -> "Tensor":
+        if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
+            if exponent == 2:
+                return self * self
+            if exponent == 1:
+                return self * 1
+            if exponent == 0.5 and self.dtype.is_float:
+                return self.sqrt()
+            if exponent == -1 and self.dtype.is_float:
+                return self.reciprocal()
+        a, b = self._operands(exponent)
+        if not a.dtype.is_float:
+            if isinstance(exponent, Tensor) or exponent >= 0:  # type: ignore[operator]
+                return a.float().pow(b.float()).round().cast(a.dtype)
+            raise ValueError("integers to negative integer powers are not allowed")
+        mag = (b * a.abs().log2()).exp2()
+        odd = (b.remainder(2) == 1)
+        is_int = b == b.trunc()
+        neg_result = mag.where(~odd, -mag)
+        nan = a._const_like(float("nan"))
+        out = a.lt(0)._select(is_int._select(neg_result, nan), mag)
+        return (b == 0)._select(a._const_like(1.0), out)
+
+    def __add__(self, o: TensorLike) -> "Tensor":
+        return self.add(o)
+
+    def __radd__(self, o: TensorLike) -> "Tensor":
+        a, b = self._operands(o, reverse=True)
+        return a._alu(Op.ADD, b)
+
+    def __sub__(self, o: TensorLike) -> "Tensor":
+        return self.sub(o)
+
+    def __rsub__(self, o: TensorLike) -> "Tensor":
+        a, b = self._operands(o, reverse=True)
+        return a.sub(b)
+
+    def __mul__(self, o: TensorLike) -> "Tensor":
+        return self.mul(o)
+
+    def __rmul__(self, o: TensorLike) -> "Tensor":
+        return self.mul(o)
+
+    def __truediv__(self, o: TensorLike) -> "Tensor":
+        return self.div(o)
+
+    def __rtruediv__(self, o: TensorLike) -> "Tensor":
+        a, b = self._operands(o, reverse=True)
+        return a.div(b)
+
+    def __floordiv__(self, o: TensorLike) -> "Tensor":
+        return self.floor_divide(o)
+
+    def __rfloordiv__(self, o: TensorLike) -> "Tensor":
+        a, b = self._operands(o, reverse=True)
+        return a.floor_divide(b)
+
+    def __mod__(self, o: TensorLike) -> "Tensor":
+        return self.remainder(o)
+
+    def __rmod__(self, o: TensorLike) -> "Tensor":
+        a, b = self._operands(o, reverse=True)
+        return a.remainder(b)
+
+    def __pow__(self, o: TensorLike) -> "Tensor":
+        return self.pow(o)
+
+    def __rpow__(self, o: TensorLike) -> "Tensor":
+        a, b = self._operands(o, reverse=True)
+        return a.pow(b)
+
+    def __neg__(self) -> "Tensor":
+        return self.neg()
+
+    def __pos__(self) -> "Tensor":
+        return self
+
+    def __abs__(self) -> "Tensor":
+        return self.abs()
+
+    def __matmul__(self, o: "Tensor") -> "Tensor":
+        return self.matmul(o)
+
+    def __rmatmul__(self, o: "Tensor") -> "Tensor":
+        return _as_tensor(o, self).matmul(self)
+
+    # ---- comparisons and logic -----------------------------------------------------------------
+    def lt(self, o: TensorLike) -> "Tensor":
+        a, b = self._operands(o)
+        return a._alu(Op.CMPLT, b)
+
+    def gt(self, o: TensorLike) -> "Tensor":
+        a, b = self._operands(o)
+        return b._alu(Op.CMPLT, a)
+
+    def eq(self, o: TensorLike) -> "Tensor":
+        a, b = self._operands(o)
+        return a._alu(Op.CMPEQ, b)
+
+    def ne(self, o: TensorLike) -> "Tensor":
+        return self.eq(o).logical_not()
+
+    def le(self, o: TensorLike) -> "Tensor":
+        return self.lt(o).logical_or(self.eq(o))
+
+    def ge(self, o: TensorLike) -> "Tensor":
+        return self.gt(o).logical_or(self.eq(o))
+
+    __lt__, __gt__, __le__, __ge__ = lt, gt, le, ge
+
+    def __eq__(self, o: TensorLike) -> "Tensor":  # type: ignore[override]
+        return self.eq(o)
+
+    def __ne__(self, o: TensorLike) -> "Tensor":  # type: ignore[override]
+        return self.ne(o)
+
+    __hash__ = object.__hash__
+
+    def logical_not(self) -> "Tensor":
+        return self.bool()._alu(Op.NOT)
+
+    def logical_and(self, o: TensorLike) -> "Tensor":
+        a, b = self._operands(o, out_dtype=dt.bool_)
+        return a._alu(Op.AND, b)
+
+    def logical_or(self, o: TensorLike) -> "Tensor":
+        a, b = self._operands(o, out_dtype=dt.bool_)
+        return a._alu(Op.OR, b)
+
+    def logical_xor(self, o: TensorLike) -> "Tensor":
+        a, b = self._operands(o, out_dtype=dt.bool_)
+        return a._alu(Op.XOR, b)
+
+    def _bitwise(self, o: TensorLike, op: Op) -> "Tensor":
+        a, b = self._operands(o)
+        if a.dtype.is_float:
+            raise TypeError(f"bitwise {op.value} needs integer or bool tensors, got {a.dtype.name}")
+        return a._alu(op, b)
+
+    def __and__(self, o: TensorLike) -> "Tensor":
+        return self._bitwise(o, Op.AND)
+
+    def __or__(self, o: TensorLike) -> "Tensor":
+        return self._bitwise(o, Op.OR)
+
+    def __xor__(self, o: TensorLike) -> "Tensor":
+        return self._bitwise(o, Op.XOR)
+
+    __rand__, __ror__, __rxor__ = __and__, __or__, __xor__
+
+    def __invert__(self) -> "Tensor":
+        if self.dtype == dt.bool_:
+            return self.logical_not()
+        if self.dtype.is_float:
+            raise TypeError("~ needs an integer or bool tensor")
+        return self._alu(Op.XOR, self._const_like(-1 if not self.dtype.is_unsigned else 255))
+
+    def __lshift__(self, o: TensorLike) -> "Tensor":
+        return self._bitwise(o, Op.SHL)
+
+    def __rshift__(self, o: TensorLike) -> "Tensor":
+        return self._bitwise(o, Op.SHR)
+
+    def where(self, condition: TensorLike, other: TensorLike) -> "Tensor":
+        """PyTorch's ``x.where(cond, y)``: x where cond is true, else y."""
+        return where(condition, self, other)
+
+    def _select(self, a: TensorLike, b: TensorLike) -> "Tensor":
+        """``where(self, a, b)`` for a condition tensor ``self``."""
+        return where(self, a, b)
+
+    def maximum(self, o: TensorLike) -> "Tensor":
+        a, b = self._operands(o)
+        if a.dtype == dt.bool_:
+            return a.logical_or(b)
+        return a._alu(Op.MAX, b)
+
+    def minimum(self, o: TensorLike) -> "Tensor":
+        a, b = self._operands(o)
+        if a.dtype == dt.bool_:
+            return a.logical_and(b)
+        if a.dtype.is_float:  # through max, which propagates NaN as PyTorch does
+            return a.neg()._alu(Op.MAX, b.neg()).neg()
+        return b.lt(a)._select(b, a)
+
+    def clip(self, min: TensorLike | None = None, max: TensorLike | None = None) -> "Tensor":
+        if min is None and max is None:
+            raise ValueError("clip needs min or max")
+        out = self
+        if min is not None:
+            out = out.maximum(min)
+        if max is not None:
+            out = out.minimum(max)
+        return out
+
+    clamp = clip
+
+    def isnan(self) -> "Tensor":
+        return self.ne(self)
+
+    def isinf(self) -> "Tensor":
+        return self.abs().eq(float("inf")) if self.dtype.is_float else self._const_like(False,
+                                                                                      dt.bool_)
+
+    # ---- unary math ---------------------------------------------------------------------------
+    def _float(self) -> "Tensor":
+        return self if self.dtype.is_float else self.float()
+
+    def exp2(self) -> "Tensor":
+        return self._float()._alu(Op.EXP2)
+
+    def log2(self) -> "Tensor":
+        return self._float()._alu(Op.LOG2)
+
+    def exp(self) -> "Tensor":
+        return (self._float() * LOG2_E).exp2()
+
+    def log(self) -> "Tensor":
+        return self.log2() * LN_2
+
+    def log1p(self) -> "Tensor":
+        return (self._float() + 1).log()
+
+    def expm1(self) -> "Tensor":
+        return self.exp() - 1
+
+    def sqrt(self) -> "Tensor":
+        return self._float()._alu(Op.SQRT)
+
+    def rsqrt(self) -> "Tensor":
+        return self.sqrt().reciprocal()
+
+    def reciprocal(self) -> "Tensor":
+        return self._float()._alu(Op.RECIP)
+
+    def sin(self) -> "Tensor":
+        return self._float()._alu(Op.SIN)
+
+    def cos(self) -> "Tensor":
+        return (math.pi / 2 - self._float()).sin()
+
+    def tan(self) -> "Tensor":
+        return self.sin() / self.cos()
+
+    def square(self) -> "Tensor":
+        return self * self
+
+    def abs(self) -> "Tensor":
+        if self.dtype == dt.bool_ or self.dtype.is_unsigned:
+            return self
+        return self.lt(0)._select(-self, self)
+
+    def sign(self) -> "Tensor":
+        if self.dtype == dt.bool_:
+            return self
+        pos, neg = self.gt(0).cast(self.dtype), self.lt(0).cast(self.dtype)
+        out = pos - neg
+        return self.isnan()._select(self, out) if self.dtype.is_float else out
+
+    def trunc(self) -> "Tensor":
+        return self._alu(Op.TRUNC) if self.dtype.is_float else self
+
+    def floor(self) -> "Tensor":
+        if not self.dtype.is_float:
+            return self
+        t = self.trunc()
+        return t - self.lt(t).cast(self.dtype)
+
+    def ceil(self) -> "Tensor":
+        if not self.dtype.is_float:
+            return self
+        t = self.trunc()
+        return t + self.gt(t).cast(self.dtype)
+
+    def round(self) -> "Tensor":
+        """Round half to even, as PyTorch."""
+        if not self.dtype.is_float:
+            return self
+        f = self.floor()
+        diff = self - f
+        f_even = f.remainder(2).eq(0)
+        up = diff.gt(0.5).logical_or(diff.eq(0.5).logical_and(f_even.logical_not()))
+        return f + up.cast(self.dtype)
+
+    def sigmoid(self) -> "Tensor":
+        return (1 + (-self._float()).exp()).reciprocal()
+
+    def tanh(self) -> "Tensor":
+        return 2 * (2 * self._float()).sigmoid() - 1
+
+    def relu(self) -> "Tensor":
+        return self.gt(0)._select(self, self._const_like(0))
+
+    def leaky_relu(self, negative_slope: float = 0.01) -> "Tensor":
+        return self.gt(0)._select(self, self * negative_slope)
+
+    def silu(self) -> "Tensor":
+        return self * self.sigmoid()
+
+    def erf(self) -> "Tensor":
+        """Chebyshev fit of erfc (Numerical Recipes' erfcc): relative error below 1.2e-7."""
+        x = self._float()
+        z = x.abs()
+        t = (1 + 0.5 * z).reciprocal()
+        coeffs = [-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807,
+                  -1.13520398, 1.48851587, -0.82215223, 0.17087277]
+        poly = t * 0 + coeffs[-1]
+        for c in reversed(coeffs[:-1]):
+            poly = poly * t + c
+        erfc = t * (-z * z + poly).exp()
+        out = 1 - erfc
+        return x.lt(0)._select(-out, out)
+
+    def gelu(self, approximate: str = "none") -> "Tensor":
+        x = self._float()
+        if approximate == "tanh":
+            return 0.5 * x * (1 + (0.7978845608028654 * (x + 0.044715 * x * x * x)).tanh())
+        return 0.5 * x * (1 + (x * 0.7071067811865476).erf())
+
+    def softplus(self, beta: float = 1.0) -> "Tensor":
+        x = self._float() * beta
+        return (x.maximum(0) + (-x.abs()).exp().log1p()) / beta
+
+    # ---- reductions ----------------------------------------------------------------------------------
+    def _axes(self, axis: ShapeLike | None) -> tuple[int, ...]:
+        if axis is None:
+            return tuple(range(self.ndim))
+        if isinstance(axis, int):
+            return (_axis(axis, self.ndim),) if self.ndim else ()
+        return tuple(sorted({_axis(a, self.ndim) for a in axis}))
+
+    def _finish(self, out: "Tensor", axes: tuple[int, ...], keepdim: bool) -> "Tensor":
+        if keepdim:
+            return out
+        return out.reshape(tuple(n for i, n in enumerate(out.shape) if i not in axes))
+
+    def sum(self, axis: ShapeLike | None = None, keepdim: bool = False, dtype: Any = None,
+            dim: ShapeLike | None = None) -> "Tensor":
+        axis = dim if dim is not None else axis
+        axes = self._axes(axis)
+        x = self
+        if dtype is not None:
+            x = x.cast(dtype)
+        elif x.dtype.is_int or x.dtype.is_bool:
+            x = x.cast(dt.int64)  # PyTorch sums integers and bools into int64
+        return x._finish(x._reduce(Op.SUM, axes), axes, keepdim)
+
+    def prod(self, axis: int | None = None, keepdim: bool = False, dtype: Any = None,
+             dim: int | None = None) -> "Tensor":
+        axis = dim if dim is not None else axis
+        axes = self._axes(axis)
+        x = self.cast(dtype) if dtype is not None else (
+            self.cast(dt.int64) if not self.dtype.is_float else self)
+        return x._finish(x._reduce(Op.PROD, axes), axes, keepdim)
+
+    def _max(self, axis: ShapeLike | None, keepdim: bool) -> "Tensor":
+        axes = self._axes(axis)
+        x = self.cast(dt.uint8) if self.dtype == dt.bool_ else self
+        out = x._finish(x._reduce(Op.RMAX, axes), axes, keepdim)
+        return out.bool() if self.dtype == dt.bool_ else out
+
+    def max(self, axis: Any = None, keepdim: bool = False, dim: int | None = None) -> Any:
+        """Without an axis: the maximum. With one: (values, indices), as in PyTorch."""
+        axis = dim if dim is not None else axis
+        if isinstance(axis, Tensor):
+            return self.maximum(axis)
+        if axis is None:
+            return self._max(None, False)
+        return MinMax(self._max(axis, keepdim), self.argmax(axis, keepdim))
+
+    def min(self, axis: Any = None, keepdim: bool = False, dim: int | None = None) -> Any:
+        axis = dim if dim is not None else axis
+        if isinstance(axis, Tensor):
+            return self.minimum(axis)
+        if axis is None:
+            return self._neg_for_min()._max(None, False)._neg_for_min()
+        values = self._neg_for_min()._max(axis, keepdim)._neg_for_min()
+        return MinMax(values, self.argmin(axis, keepdim))
+
+    def amax(self, axis: ShapeLike | None = None, keepdim: bool = False) -> "Tensor":
+        return self._max(axis, keepdim)
+
+    def amin(self, axis: ShapeLike | None = None, keepdim: bool = False) -> "Tensor":
+        return self._neg_for_min()._max(axis, keepdim)._neg_for_min()
+
+    def _neg_for_min(self) -> "Tensor":
+        if self.dtype == dt.bool_:
+            return self.logical_not()
+        if self.dtype.is_unsigned:
+            return self._const_like(255) - self
+        return -self
+
+    def argmax(self, axis: int | None = None, keepdim: bool = False,
+               dim: int | None = None) -> "Tensor":
+        """Index of the first maximum (int64), as PyTorch."""
+        axis = dim if dim is not None else axis
+        if axis is None:
+            return self.reshape(-1).argmax(0)
+        ax = _axis(axis, self.ndim)
+        n = self.shape[ax]
+        x = self.cast(dt.uint8) if self.dtype == dt.bool_ else self
+        m = x._max(ax, keepdim=True)
+        # the first index wins: take the largest of (n - i) over the positions equal to the max
+        rev = (n - arange(n, device=self.device, dtype=dt.int32)).reshape(
+            (n,) + (1,) * (self.ndim - ax - 1))
+        hit = x.eq(m).logical_or(x.isnan() if x.dtype.is_float else x.eq(m))
+        score = hit._select(rev, 0)
+        best = score._max(ax, keepdim=True)
+        out = (n - best).cast(dt.int64)
+        return out if keepdim else out.squeeze(ax)
+
+    def argmin(self, axis: int | None = None, keepdim: bool = False,
+               dim: int | None = None) -> "Tensor":
+        axis = dim if dim is not None else axis
+        return self._neg_for_min().argmax(axis, keepdim)
+
+    def mean(self, axis: ShapeLike | None = None, keepdim: bool = False,
+             dim: ShapeLike | None = None) -> "Tensor":
+        axis = dim if dim is not None else axis
+        if not self.dtype.is_float:
+            raise TypeError(f"mean needs a floating-point tensor, got {self.dtype.name}")
+        axes = self._axes(axis)
+        count = math.prod(self.shape[a] for a in axes)
+        return self.sum(axes, keepdim) * (1.0 / count if count else float("nan"))
+
+    def var(self, axis: ShapeLike | None = None, keepdim: bool = False, correction: int = 1,
+            dim: ShapeLike | None = None, unbiased: bool | None = None) -> "Tensor":
+        axis = dim if dim is not None else axis
+        if unbiased is not None:
+            correction = int(unbiased)
+        axes = self._axes(axis)
+        count = math.prod(self.shape[a] for a in axes)
+        diff = self - self.mean(axes, keepdim=True)
+        return (diff * diff).sum(axes, keepdim) * (1.0 / max(count - correction, 0)
+                                                   if count - correction > 0 else float("nan"))
+
+    def std(self, axis: ShapeLike | None = None, keepdim: bool = False, correction: int = 1,
+            dim: ShapeLike | None = None, unbiased: bool | None = None) -> "Tensor":
+        return self.var(axis, keepdim, correction, dim, unbiased).sqrt()
+
+    def logsumexp(self, axis: ShapeLike, keepdim: bool = False) -> "Tensor":
+        axes = self._axes(axis)
+        m = self._max(axes, keepdim=True)
+        m = m.isinf()._select(m._const_like(0.0), m)
+        out = (self - m).exp().sum(axes, keepdim=True).log() + m
+        return self._finish(out, axes, keepdim)
+
+    def softmax(self, axis: int = -1, dtype: Any = None, dim: int | None = None) -> "Tensor":
+        axis = dim if dim is not None else axis
+        x = self.cast(dtype) if dtype is not None else self._float()
+        e = (x - x._max(axis, keepdim=True)).exp()
+        return e / e.sum(axis, keepdim=True)
+
+    def log_softmax(self, axis: int = -1, dtype: Any = None, dim: int | None = None) -> "Tensor":
+        axis = dim if dim is not None else axis
+        x = self.cast(dtype) if dtype is not None else self._float()
+        shifted = x - x._max(axis, keepdim=True)
+        return shifted - shifted.exp().sum(axis, keepdim=True).log()
+
+    def all(self, axis: ShapeLike | None = None, keepdim: bool = False) -> "Tensor":
+        return self.bool().logical_not()._max(axis, keepdim).logical_not()
+
+    def any(self, axis: ShapeLike | None = None, keepdim: bool = False) -> "Tensor":
+        return self.bool()._max(axis, keepdim)
+
+    def cumsum(self, axis: int = 0, dim: int | None = None) -> "Tensor":
+        axis = _axis(dim if dim is not None else axis, self.ndim)
+        n = self.shape[axis]
+        x = self.transpose(axis, -1)
+        i = arange(n, device=self.device, dtype=dt.int32)
+        mask = i.reshape(n, 1).ge(i.reshape(1, n))  # out[j] sums x[k] for k <= j
+        x = x.cast(dt.int64) if not x.dtype.is_float else x
+        out = (x.unsqueeze(-2) * mask.cast(x.dtype)).sum(-1)
+        return out.transpose(axis, -1)
+
+    # ---- movement -----------------------------------------------------------------------------------
+    def reshape(self, *shape: Any) -> "Tensor":
+        new = list(_shape_arg(shape))
+        if new.count(-1) > 1:
+            raise ValueError("only one dimension can be -1")
+        if -1 in new:
+            known = math.prod(n for n in new if n != -1)
+            if known == 0 or self.numel() % known:
+                raise ValueError(f"cannot reshape {self.shape} to {tuple(new)}")
+            new[new.index(-1)] = self.numel() // known
+        return self._move(Op.RESHAPE, tuple(new))
+
+    view = reshape
+
+    def permute(self, *order: Any) -> "Tensor":
+        axes = tuple(_axis(a, self.ndim) for a in _shape_arg(order))
+        return self._move(Op.PERMUTE, axes)
+
+    def transpose(self, a: int = 0, b: int = 1) -> "Tensor":
+        order = list(range(self.ndim))
+        a, b = _axis(a, self.ndim), _axis(b, self.ndim)
+        order[a], order[b] = order[b], order[a]
+        return self.permute(order)
+
+    @property
+    def T(self) -> "Tensor":
+        return self.permute(tuple(reversed(range(self.ndim))))
+
+    def t(self) -> "Tensor":
+        if self.ndim > 2:
+            raise ValueError("t() expects a tensor with at most 2 dimensions")
+        return self.T
+
+    def expand(self, *shape: Any) -> "Tensor":
+        new = _shape_arg(shape)
+        if len(new) < self.ndim:
+            raise ValueError(f"cannot expand {self.shape} to {new}")
+        x = self.reshape((1,) * (len(new) - self.ndim) + self.shape)
+        target = tuple(o if n == -1 else n for o, n in zip(x.shape, new))
+        return x._move(Op.EXPAND, target)
+
+    def expand_as(self, other: "Tensor") -> "Tensor":
+        return self.expand(other.shape)
+
+    def squeeze(self, axis: ShapeLike | None = None, dim: ShapeLike | None = None) -> "Tensor":
+        axis = dim if dim is not None else axis
+        if axis is None:
+            return self.reshape(tuple(n for n in self.shape if n != 1))
+        axes = self._axes(axis)
+        return self.reshape(tuple(n for i, n in enumerate(self.shape)
+                                  if not (i in axes and n == 1)))
+
+    def unsqueeze(self, axis: int) -> "Tensor":
+        axis = _axis(axis, self.ndim + 1)
+        return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
+        if self.ndim == 0:
+            return self.reshape(1)
+        s, e = _axis(start_dim, self.ndim), _axis(end_dim, self.ndim)
+        return self.reshape(self.shape[:s] + (math.prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
+
+    def unflatten(self, axis: int, sizes: Sequence[int]) -> "Tensor":
+        axis = _axis(axis, self.ndim)
+        return self.reshape(self.shape[:axis] + tuple(sizes) + self.shape[axis + 1:])
+
+    def flip(self, *axes: Any) -> "Tensor":
+        return self._move(Op.FLIP, tuple(sorted({_axis(a, self.ndim) for a in _shape_arg(axes)})))
+
+    def shrink(self, bounds: Sequence[tuple[int, int]]) -> "Tensor":
+        return self._move(Op.SHRINK, tuple((int(a), int(b)) for a, b in bounds))
+
+    def pad(self, pad: Sequence[int], value: Scalar = 0) -> "Tensor":
+        """PyTorch's ``F.pad`` order: (last_before, last_after, second_last_before, ...).
+        Negative padding crops."""
+        if len(pad) % 2 or len(pad) // 2 > self.ndim:
+            raise ValueError(f"padding {tuple(pad)} does not fit {self.ndim} dimensions")
+        pairs = [(0, 0)] * self.ndim
+        for i in range(len(pad) // 2):
+            pairs[self.ndim - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))
+        x = self.shrink([(max(-a, 0), n - max(-b, 0)) for (a, b), n in zip(pairs, self.shape)])
+        grow = tuple((max(a, 0), max(b, 0)) for a, b in pairs)
+        out = x._move(Op.PAD, grow)
+        if value == 0 or all(g == (0, 0) for g in grow):
+            return out
+        mask = Tensor(Lazy.const(True, x.shape, dt.bool_, self.device))._move(Op.PAD, grow)
+        return mask._select(out, out._const_like(value))
+
+    def repeat(self, *repeats: Any) -> "Tensor":
+        reps = _shape_arg(repeats)
+        if len(reps) < self.ndim:
+            raise ValueError("repeat needs at least as many repeats as dimensions")
+        x = self.reshape((1,) * (len(reps) - self.ndim) + self.shape)
+        inter = tuple(v for n, r in zip(x.shape, reps) for v in (1, n))
+        big = tuple(v for n, r in zip(x.shape, reps) for v in (r, n))
+        return x.reshape(inter).expand(big).reshape(tuple(n * r for n, r in zip(x.shape, reps)))
+
+    def split(self, split_size: int | Sequence[int], dim: int = 0) -> tuple["Tensor", ...]:
+        axis = _axis(dim, self.ndim)
+        n = self.shape[axis]
+        if isinstance(split_size, int):
+            if split_size <= 0:
+                raise ValueError("split_size must be positive")
+            sizes = [min(split_size, n - i) for i in range(0, n, split_size)]
+        else:
+            sizes = list(split_size)
+            if sum(sizes) != n:
+                raise ValueError(f"split sizes {sizes} do not add up to {n}")
+        out, start = [], 0
+        for s in sizes:
+            bounds = [(0, m) for m in self.shape]
+            bounds[axis] = (start, start + s)
+            out.append(self.shrink(bounds))
+            start += s
+        return tuple(out)
+
+    def chunk(self, chunks: int, dim: int = 0) -> tuple["Tensor", ...]:
+        n = self.shape[_axis(dim, self.ndim)]
+        return self.split(max(-(-n // chunks), 1), dim)
+
+    def cat(self, *others: "Tensor", dim: int = 0) -> "Tensor":
+        return cat([self, *others], dim)
+
+    # ---- indexing -----------------------------------------------------------------------------------
+    def __getitem__(self, index: Any) -> "Tensor":
+        from anygpu.ops.indexing import getitem
+        return getitem(self, index)
+
+    def gather(self, dim: int, index: "Tensor") -> "Tensor":
+        """``out[i][j] = self[i][index[i][j]]`` for dim=1, as ``torch.gather``."""
+        from anygpu.ops.indexing import gather
+        return gather(self, dim, index)
+
+    def scatter_add(self, dim: int, index: "Tensor", src: "Tensor") -> "Tensor":
+        from anygpu.ops.indexing import scatter_add
+        return scatter_add(self, dim, index, src)
+
+    def index_select(self, dim: int, index: "Tensor") -> "Tensor":
+        from anygpu.ops.indexing import index_select
+        return index_select(self, dim, index)
+
+    def masked_fill(self, mask: TensorLike, value: Scalar) -> "Tensor":
+        return where(mask, self._const_like(value), self)
+
+    # ---- linear algebra -----------------------------------------------------------------------------
+    def matmul(self, other: "Tensor") -> "Tensor":
+        from anygpu.ops.linalg import matmul
+        return matmul(self, other)
+
+    def dot(self, other: "Tensor") -> "Tensor":
+        return self.matmul(other)
+
+    # ---- autograd (see ops/grad.py) ---------------------------------------------------------------
+    def backward(self, gradient: "Tensor | None" = None) -> None:
+        from anygpu.ops.grad import backward
+        backward(self, gradient)
+
+    def requires_grad_(self, flag: bool = True) -> "Tensor":
+        self.requires_grad = flag
+        return self
+
+
+class MinMax(tuple):
+    """(values, indices) as ``torch.max(x, dim)`` returns."""
+
+    def __new__(cls, values: Tensor, indices: Tensor) -> "MinMax":
+        return super().__new__(cls, (values, indices))
+
+    @property
+    def values(self) -> Tensor:
+        return self[0]
+
+    @property
+    def indices(self) -> Tensor:
+        return self[1]
+
+
+# ---- module-level functions --------------------------------------------------------------------
+def _upload(arr: np.ndarray, dtype: DType, device: str) -> Lazy:
+    dev = get_device(device)
+    dev.check_dtype(dtype)
+    if dtype == dt.bfloat16:
+        host = np.ascontiguousarray(arr, dtype=np.float32)
+    else:
+        host = np.ascontiguousarray(arr).astype(dtype.np, copy=False)
+    buf = sched.alloc_for(dev, host.size, dtype)
+    if host.size:
+        buf.copy_in(sched.to_storage(host, dtype, dev).reshape(-1))
+    return Lazy.from_buffer(buf, tuple(arr.shape), dtype, dev.name)
+
+
+def _as_tensor(x: TensorLike, like: Tensor) -> Tensor:
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (int, float, bool)):
+        return Tensor(Lazy.const(x, (), dt.scalar_dtype(x, like.dtype), like.device))
+    return Tensor(x, device=like.device)
+
+
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    nd = max(len(s) for s in shapes)
+    out = []
+    for dims in zip(*[(1,) * (nd - len(s)) + tuple(s) for s in shapes]):
+        sizes = {d for d in dims if d != 1}
+        if len(sizes) > 1:
+            raise ValueError(f"shapes {' and '.join(map(str, shapes))} cannot be broadcast")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+def _broadcast(*ts: Tensor) -> tuple[Tensor, ...]:
+    shape = broadcast_shapes(*(t.shape for t in ts))
+    return tuple(t.expand(shape) if t.shape != shape else t for t in ts)
+
+
+def tensor(data: Any, dtype: Any = None, device: str | None = None,
+           requires_grad: bool = False) -> Tensor:
+    """A tensor from a list, a NumPy array, a scalar or another tensor (copied)."""
+    return Tensor(data, device=device, dtype=dtype, requires_grad=requires_grad)
+
+
+def full(shape: ShapeLike, fill_value: Scalar, dtype: Any = None, device: str | None = None,
+         requires_grad: bool = False) -> Tensor:
+    shp = (shape,) if isinstance(shape, int) else tuple(shape)
+    d = dt.to_dtype(dtype) if dtype is not None else (
+        dt.bool_ if isinstance(fill_value, bool) else dt.int64 if isinstance(fill_value, int)
+        else dt.float32)
+    out = Tensor(Lazy.const(fill_value, shp, d, canonical(device)))
+    return out.contiguous().realize().detach().requires_grad_(requires_grad)
+
+
+def zeros(*shape: Any, dtype: Any = None, device: str | None = None,
+          requires_grad: bool = False) -> Tensor:
+    return full(_shape_arg(shape), 0.0, dtype or dt.float32, device, requires_grad)
+
+
+def ones(*shape: Any, dtype: Any = None, device: str | None = None,
+         requires_grad: bool = False) -> Tensor:
+    return full(_shape_arg(shape), 1.0, dtype or dt.float32, device, requires_grad)
+
+
+def zeros_like(t: Tensor, dtype: Any = None) -> Tensor:
+    return zeros(t.shape, dtype=dtype or t.dtype, device=t.device)
+
+
+def ones_like(t: Tensor, dtype: Any = None) -> Tensor:
+    return ones(t.shape, dtype=dtype or t.dtype, device=t.device)
+
+
+def full_like(t: Tensor, fill_value: Scalar, dtype: Any = None) -> Tensor:
+    return full(t.shape, fill_value, dtype=dtype or t.dtype, device=t.device)
+
+
+def arange(start: Scalar, end: Scalar | None = None, step: Scalar = 1, dtype: Any = None,
+           device: str | None = None) -> Tensor:
+    if end is None:
+        start, end = 0, start
+    n = max(math.ceil((end - start) / step), 0)
+    is_float = any(isinstance(v, float) for v in (start, end, step))
+    d = dt.to_dtype(dtype) if dtype is not None else (dt.float32 if is_float else dt.int64)
+    dev = canonical(device)
+    idx = Tensor(Lazy.iota(n, dt.int32 if n < 2**31 else dt.int64, dev))
+    if d.is_float:
+        return (idx.cast(d) * step + start).cast(d)
+    return idx.cast(d) * int(step) + int(start)
+
+
+def linspace(start: float, end: float, steps: int, dtype: Any = None,
+             device: str | None = None) -> Tensor:
+    if steps <= 0:
+        raise ValueError("linspace needs steps >= 1")
+    d = dt.to_dtype(dtype) if dtype is not None else dt.float32
+    if steps == 1:
+        return full((1,), start, d, device)
+    step = (end - start) / (steps - 1)
+    i = arange(steps, dtype=dt.float32, device=device)
+    # the second half counts back from the end, as PyTorch does, so both ends are exact
+    half = steps // 2
+    out = i.lt(half)._select(i * step + start, end - (steps - 1 - i) * step)
+    return out.cast(d)
+
+
+def eye(n: int, m: int | None = None, dtype: Any = None, device: str | None = None) -> Tensor:
+    m = n if m is None else m
+    r = arange(n, device=device, dtype=dt.int32).reshape(n, 1)
+    c = arange(m, device=device, dtype=dt.int32).reshape(1, m)
+    return r.eq(c).cast(dt.to_dtype(dtype) if dtype is not None else dt.float32)
+
+
+def where(condition: TensorLike, input: TensorLike, other: TensorLike) -> Tensor:
+    """``input`` where ``condition`` is true, else ``other`` (broadcast, promoted)."""
+    ref = next((t for t in (condition, input, other) if isinstance(t, Tensor)), None)
+    if ref is None:
+        raise TypeError("where needs at least one tensor")
+    c = _as_tensor(condition, ref).bool()
+    a = _as_tensor(input, ref)
+    b = _as_tensor(other, ref)
+    if isinstance(input, Tensor) and isinstance(other, Tensor):
+        d = dt.promote(a.dtype, b.dtype)
+    elif isinstance(input, Tensor):
+        d = dt.promote(a.dtype, dt.scalar_dtype(other, a.dtype)) if not isinstance(
+            other, Tensor) else a.dtype
+    elif isinstance(other, Tensor):
+        d = dt.promote(b.dtype, dt.scalar_dtype(input, b.dtype))
+    else:
+        d = dt.float32 if isinstance(input, float) or isinstance(other, float) else dt.int64
+    c, a, b = _broadcast(c, a.cast(d), b.cast(d))
+    return c._alu(Op.WHERE, a, b)
+
+
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """Concatenate along ``dim``: each input padded to the full size, then summed (one kernel)."""
+    ts = [t for t in tensors]
+    if not ts:
+        raise ValueError("cat needs at least one tensor")
+    ref = ts[0]
+    axis = _axis(dim, ref.ndim)
+    d = ref.dtype
+    for t in ts[1:]:
+        d = dt.promote(d, t.dtype)
+        if t.ndim != ref.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, ref.shape))
+                                     if i != axis):
+            raise ValueError(f"cat: shapes {[x.shape for x in ts]} differ outside dim {axis}")
+    total = sum(t.shape[axis] for t in ts)
+    out: Tensor | None = None
+    start = 0
+    for t in ts:
+        n = t.shape[axis]
+        pads = [(0, 0)] * ref.ndim
+        pads[axis] = (start, total - start - n)
+        piece = t.cast(d)._move(Op.PAD, tuple(pads))
+        if d == dt.bool_:
+            out = piece if out is None else out.logical_or(piece)
+        else:
+            out = piece if out is None else out._alu(Op.ADD, piece)
+        start += n
+    assert out is not None
+    return out
+
+
+def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    ts = list(tensors)
+    if not ts:
+        raise ValueError("stack needs at least one tensor")
+    axis = _axis(dim, ts[0].ndim + 1)
+    return cat([t.unsqueeze(axis) for t in ts], axis)
+
+
+def manual_seed(seed: int) -> None:
+    from anygpu.ops import random
+    random.manual_seed(seed)
+
+
+def rand(*shape: Any, dtype: Any = None, device: str | None = None,
+         requires_grad: bool = False) -> Tensor:
+    from anygpu.ops import random
+    return random.rand(_shape_arg(shape), dtype, device).requires_grad_(requires_grad)
+
+
+def randn(*shape: Any, dtype: Any = None, device: str | None = None,
+          requires_grad: bool = False) -> Tensor:
+    from anygpu.ops import random
+    return random.randn(_shape_arg(shape), dtype, device).requires_grad_(requires_grad)
+
+
+def randint(low: int, high: int | None = None, size: ShapeLike = (), dtype: Any = None,
+            device: str | None = None) -> Tensor:
+    from anygpu.ops import random
+    if high is None:
+        low, high = 0, low
+    shp = (size,) if isinstance(size, int) else tuple(size)
+    return random.randint(low, high, shp, dtype, device)
+
+
+def realize(*tensors: Tensor) -> None:
+    """Realize several tensors in one schedule (shared inputs are computed once)."""
+    sched.realize(*(t.lazy for t in tensors))
+
+
+def _iter_tensors(x: Iterable[Any]) -> list[Tensor]:
+    return [t for t in x if isinstance(t, Tensor)]
