@@ -77,9 +77,11 @@ class WGSLRenderer(CStyleRenderer):
         return text
 
     def render_op(self, e: ir.Expr) -> str:
-        if e.op == "max" and e.dtype.is_float:
+        if e.op == "max":
             a, b = self.expr(e.srcs[0], True), self.expr(e.srcs[1], True)
-            return f"select({b}, {a}, {a} > {b} || {a} != {a})"
+            if e.dtype.is_float:
+                return f"select({b}, {a}, {a} > {b} || {a} != {a})"
+            return f"select({b}, {a}, {a} > {b})"
         if e.op in ("shl", "shr"):
             a, b = self.expr(e.srcs[0]), self.expr(e.srcs[1])
             return self.wrap(f"({a} {'<<' if e.op == 'shl' else '>>'} u32({b}))", e.dtype)
