@@ -8,6 +8,7 @@ the output from the device's caching allocator and launches without waiting.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass
@@ -16,18 +17,20 @@ from typing import Sequence
 import numpy as np
 
 from anygpu import config
-from anygpu.codegen import lower
+from anygpu.codegen import ir, lower
 from anygpu.codegen.render.cstyle import render
+from anygpu.codegen.render.wgsl import launch_groups
 from anygpu.dtype import DType, bfloat16
 from anygpu.graph.lazy import Lazy
 from anygpu.ops.primitives import Op
-from anygpu.runtime.base import Buffer, Device
+from anygpu.runtime.base import Buffer, Device, Program
 from anygpu.runtime.registry import get_device
 
 
 @dataclass
 class KernelItem:
     ast: lower.KernelAST
+    signature: tuple = ()
 
     @property
     def output(self) -> Lazy:
@@ -64,10 +67,56 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
         _visit(node.srcs[0], items, planned)
         items.append(CopyItem(node))
         return
-    ast = lower.build_kernel(lower.choose_spec(node))
+    signature, walk = _signature(node)
+    cached = _ast_cache.get(signature)
+    if cached is None:
+        ast = lower.build_kernel(lower.choose_spec(node))
+        position = {id(n): i for i, n in enumerate(walk)}
+        _ast_cache[signature] = (ast, [position[id(n)] for n in ast.inputs])
+        if len(_ast_cache) > 4096:
+            _ast_cache.pop(next(iter(_ast_cache)))
+    else:
+        template, positions = cached
+        ast = dataclasses.replace(template, output=node, inputs=[walk[i] for i in positions],
+                                  lins=[])
     for dep in ast.inputs:
         _visit(dep, items, planned)
-    items.append(KernelItem(ast))
+    items.append(KernelItem(ast, signature))
+
+
+# Lowering is pure in the graph's structure, so kernels of the same structure (every step of a
+# training loop, every call of the same expression) reuse it: the key is the graph down to the
+# nodes lowering stops at, with buffers replaced by their shapes and dtypes.
+_ast_cache: dict[tuple, tuple[lower.KernelAST, list[int]]] = {}
+
+
+def _signature(root: Lazy) -> tuple[tuple, list[Lazy]]:
+    walk: list[Lazy] = []
+    index: dict[int, int] = {}
+    buffer_first: dict[int, int] = {}
+    parts: list[tuple] = []
+
+    def visit(node: Lazy) -> int:
+        hit = index.get(id(node))
+        if hit is not None:
+            return hit
+        stop = node.realized or node.op is Op.COPY or (node.op is Op.CONTIGUOUS
+                                                       and node is not root)
+        if stop:
+            part: tuple = ("leaf", node.shape, node.dtype, node.op is Op.COPY,
+                           buffer_first.setdefault(id(node.buffer), len(walk))
+                           if node.buffer is not None else -1)
+        else:
+            srcs = tuple(visit(s) for s in node.srcs)
+            arg = node.arg if not isinstance(node.arg, float) or node.arg == node.arg else "nan"
+            part = (node.op, node.shape, node.dtype, arg, srcs)
+        index[id(node)] = len(walk)
+        walk.append(node)
+        parts.append(part)
+        return index[id(node)]
+
+    visit(root)
+    return tuple(parts), walk
 
 
 def count_kernels(outputs: Sequence[Lazy]) -> int:
@@ -114,7 +163,7 @@ def run(items: list[Item]) -> None:
         if isinstance(item, CopyItem):
             _run_copy(item.output)
         else:
-            _run_kernel(item.ast)
+            _run_kernel(item)
 
 
 def _run_copy(node: Lazy) -> None:
@@ -125,37 +174,65 @@ def _run_copy(node: Lazy) -> None:
     node.set_buffer(buf)
 
 
-_lowered: dict[tuple, tuple] = {}
+@dataclass
+class Launch:
+    """One kernel launch, ready to run: what ``jit`` records and benchmarks time."""
+
+    program: Program
+    buffers: list[Buffer]
+    groups: tuple[int, ...]
+    local: tuple[int, ...]
+    name: str
+    nbytes: int
+
+    def __call__(self, wait: bool = False) -> float | None:
+        return self.program(self.buffers, self.groups, self.local, wait=wait)
 
 
-def _run_kernel(ast: lower.KernelAST) -> None:
+_compiled: dict[tuple, tuple[Program, ir.Kernel]] = {}
+
+
+def prepare(item: KernelItem) -> Launch:
+    """Compile (cached) the item's kernel for its device and allocate its output buffer."""
+    ast = item.ast
     node = ast.output
     device = get_device(node.device)
-    for p in [node, *ast.inputs]:
-        device.check_dtype(p.dtype)
-    kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size)
-    source = render(kernel, device.dialect)
-    program = device.program(source, kernel.name)
+    key = (item.signature, device.name)
+    hit = _compiled.get(key) if item.signature else None
+    if hit is None:
+        for p in [node, *ast.inputs]:
+            device.check_dtype(p.dtype)
+        kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size)
+        source = render(kernel, device.dialect)
+        if config.get().debug >= 2:
+            print(source, file=sys.stderr)
+        hit = (device.program(source, kernel.name), kernel)
+        if item.signature:
+            _compiled[key] = hit
+    program, kernel = hit
     out = alloc_for(device, node.numel, node.dtype)
     buffers = [out] + [inp.buffer for inp in ast.inputs]  # type: ignore[list-item]
-    groups = (kernel.groups,)
+    groups: tuple[int, ...] = (kernel.groups,)
     if device.dialect == "wgsl":
-        from anygpu.codegen.render.wgsl import launch_groups
         groups = launch_groups(kernel.groups)
-    debug = config.get().debug
-    if debug >= 2:
-        print(source, file=sys.stderr)
-    if debug >= 1:
+    return Launch(program, buffers, groups, (kernel.local,), kernel.name,
+                  kernel.meta.get("bytes", 0))
+
+
+def _run_kernel(item: KernelItem) -> None:
+    launch = prepare(item)
+    if config.get().debug >= 1:
         start = time.perf_counter()
-        seconds = program(buffers, groups, (kernel.local,), wait=True) or 0.0
+        seconds = launch(wait=True) or 0.0
         host = time.perf_counter() - start
-        nbytes = kernel.meta.get("bytes", 0)
-        print(f"{device.name:10s} {kernel.name:32s} {seconds * 1e6:9.1f} us  "
-              f"{nbytes / 2**20:9.2f} MiB  {nbytes / max(seconds, 1e-12) / 1e9:8.1f} GB/s  "
+        device = launch.program.device
+        print(f"{device.name:10s} {launch.name:32s} {seconds * 1e6:9.1f} us  "
+              f"{launch.nbytes / 2**20:9.2f} MiB  "
+              f"{launch.nbytes / max(seconds, 1e-12) / 1e9:8.1f} GB/s  "
               f"(host {host * 1e6:.0f} us)", file=sys.stderr)
     else:
-        program(buffers, groups, (kernel.local,))
-    node.set_buffer(out)
+        launch()
+    item.ast.output.set_buffer(launch.buffers[0])
 
 
 def realize(*nodes: Lazy) -> None:

@@ -326,7 +326,7 @@ RENDERERS: dict[str, Callable[[], CStyleRenderer]] = {}
 
 def render(kernel: ir.Kernel, dialect: str) -> str:
     """Source text of ``kernel`` in ``dialect`` ("c", "opencl", "cuda", "hip" or "wgsl")."""
-    if not RENDERERS:
+    if dialect not in RENDERERS:
         from anygpu.codegen.render import c, cuda, opencl, wgsl  # noqa: F401 (they register)
     if dialect not in RENDERERS:
         raise ValueError(f"no renderer for dialect {dialect!r}")

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The whole GPU check, on a machine with an NVIDIA GPU: the test suite on cuda, opencl (the NVIDIA
+# OpenCL driver) and webgpu (NVIDIA Vulkan), then the benchmarks. Results go to $OUT (default
+# ./gpu-results): devices.txt, tests-<backend>.txt, bench.txt, bench.json.
+#
+# Optional inputs in the repository root: .whl/ (wheels for packages the machine lacks, e.g.
+# pyopencl and wgpu, installed into /tmp/site) and .gl/ (Debian packages of the Vulkan loader).
+#   usage: scripts/gpu_check.sh [tests|bench|all] [pytest args...]
+set -u
+cd "$(dirname "$0")/.."
+what=${1:-all}
+shift || true
+out=${OUT:-gpu-results}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+if ls .gl/*.deb >/dev/null 2>&1; then
+  for f in .gl/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+fi
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# the NVIDIA OpenCL driver ships unregistered on some images
+if [ ! -e /etc/OpenCL/vendors/nvidia.icd ] && ldconfig -p | grep -q libnvidia-opencl.so.1; then
+  mkdir -p /etc/OpenCL/vendors && echo libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd
+fi
+nv_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[ -e "$nv_icd" ] && export VK_DRIVER_FILES=$nv_icd
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp/xdg}
+mkdir -p "$XDG_RUNTIME_DIR"
+export ANYGPU_CACHE_DIR=${ANYGPU_CACHE_DIR:-/tmp/anygpu-cache}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+python3 -m anygpu.cli.main devices 2>&1 | tee "$out/devices.txt"
+status=0
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  python3 benchmarks/bench_core.py --device cuda opencl webgpu --json "$out/bench.json" 2>&1 \
+    | tee "$out/bench.txt" || status=1
+fi
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  for backend in cuda opencl webgpu; do
+    ANYGPU_TEST_DEVICES=$backend timeout "${TEST_TIMEOUT:-400}" python3 -m pytest tests -q \
+      -p no:cacheprovider "$@" 2>&1 | tee "$out/tests-$backend.txt" | tail -n 30
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+fi
+exit $status

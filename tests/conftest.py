@@ -1,0 +1,182 @@
+"""Shared fixtures: the ``device`` parametrization over every backend, value checks with
+per-dtype tolerances, host data generation, and the hypothesis profile.
+
+``ANYGPU_TEST_DEVICES`` (a comma list such as ``"cuda,opencl,webgpu"``) restricts the backends
+the device-parametrized tests run on; by default every backend that is available runs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+import anygpu as ag
+from anygpu import dtype as dt
+from anygpu.dtype import DType
+from anygpu.runtime.registry import BackendUnavailable, get_device
+
+BACKENDS = ("cpu", "opencl", "webgpu", "cuda")
+
+
+def _test_devices() -> list[str]:
+    text = os.environ.get("ANYGPU_TEST_DEVICES", "")
+    names = [n.strip().lower() for n in text.split(",") if n.strip()] or list(BACKENDS)
+    unknown = [n for n in names if n.partition(":")[0] not in BACKENDS]
+    if unknown:
+        raise pytest.UsageError(f"ANYGPU_TEST_DEVICES names unknown backends {unknown}; "
+                                f"known: {', '.join(BACKENDS)}")
+    return names
+
+
+DEVICES = _test_devices()
+
+# compiles are cached per kernel source, and every new shape is a new source: a modest number of
+# examples over small pools of shapes keeps the suite quick on slow compilers (PoCL)
+settings.register_profile("anygpu", max_examples=15, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=200, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "anygpu"))
+
+
+def available(name: str) -> tuple[bool, str]:
+    """Whether the device ``name`` can be used here, and if not, why."""
+    try:
+        get_device(name)
+    except BackendUnavailable as err:
+        return False, str(err)
+    return True, ""
+
+
+def available_devices() -> list[str]:
+    """The canonical names of the selected devices that are available here."""
+    return [get_device(n).name for n in DEVICES if available(n)[0]]
+
+
+@pytest.fixture(scope="session", params=DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    """The canonical name of a device ("cpu:0", "opencl:0", ...); skips unavailable ones."""
+    ok, why = available(request.param)
+    if not ok:
+        pytest.skip(why)
+    return get_device(request.param).name
+
+
+def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str) -> str | None:
+    if isinstance(val, DType):
+        return val.name
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests parametrized over both ``device`` and ``dtype`` skip dtypes the device lacks."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    dtypes = [params[k] for k in ("dtype", "src", "dst") if isinstance(params.get(k), DType)]
+    if "device" not in params or not dtypes or not available(params["device"])[0]:
+        return
+    dev = get_device(params["device"])
+    for d in dtypes:
+        if not dev.supports(d):
+            pytest.skip(f"{d.name} is not supported on {dev.name}")
+
+
+# ---- values -----------------------------------------------------------------------------------
+# (rtol, atol) of a value that went through one rounding to the dtype after float32 math
+TOLERANCE = {dt.float32: (1e-5, 1e-5), dt.float16: (1e-3, 1e-3), dt.bfloat16: (1e-2, 1e-2)}
+
+
+def tolerance(d: DType) -> tuple[float, float]:
+    return TOLERANCE.get(d, (0.0, 0.0))
+
+
+def check(out: ag.Tensor, ref: Any, dtype: DType | None = None, rtol: float | None = None,
+          atol: float | None = None) -> None:
+    """``out`` has the shape of ``ref``, the dtype ``dtype`` (if given) and its values, within
+    the tolerance of its dtype (exact for integers and bool)."""
+    assert isinstance(out, ag.Tensor), f"expected a Tensor, got {type(out).__name__}"
+    ref = np.asarray(ref)
+    assert out.shape == ref.shape, f"shape {out.shape}, expected {ref.shape}"
+    if dtype is not None:
+        assert out.dtype == dtype, f"dtype {out.dtype.name}, expected {dtype.name}"
+    got = out.numpy()
+    assert got.shape == ref.shape, f"numpy() shape {got.shape}, expected {ref.shape}"
+    d = out.dtype
+    if d.is_float:
+        r, a = tolerance(d)
+        np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64),
+                                   rtol=r if rtol is None else rtol,
+                                   atol=a if atol is None else atol)
+    else:
+        if ref.dtype.kind == "f":
+            assert np.all(np.isfinite(ref)), "an exact comparison with a non-finite reference"
+        np.testing.assert_array_equal(got, ref.astype(d.np))
+
+
+@pytest.fixture(name="check", scope="session")
+def check_fixture() -> Callable[..., None]:
+    return check
+
+
+def host(shape: tuple[int, ...], dtype: DType, seed: int, low: float = -3.0,
+         high: float = 3.0, away_from_zero: float = 0.0) -> np.ndarray:
+    """Random host data exactly representable in ``dtype`` (bfloat16 as rounded float32),
+    never all zeros. Values lie in [low, high); with ``away_from_zero``, |value| >= it."""
+    rng = np.random.default_rng(seed)
+    if dtype == dt.bool_:
+        out = rng.random(shape) < 0.5
+        if not out.any():
+            out.reshape(-1)[:1] = True
+        return out
+    if dtype.is_float:
+        x = rng.uniform(low, high, shape).astype(np.float32)
+        if away_from_zero:
+            x = np.where(np.abs(x) < away_from_zero, np.copysign(away_from_zero, x) + x, x)
+        x = np.asarray(x, dtype=np.float32)
+        if dtype == dt.float16:
+            return x.astype(np.float16)
+        if dtype == dt.bfloat16:
+            return round_bf16(x)
+        return x
+    info = np.iinfo(dtype.np)
+    lo, hi = max(int(low), info.min), min(int(high), info.max)
+    x = rng.integers(lo, hi + 1, shape).astype(dtype.np)
+    if away_from_zero:
+        x = np.where(x == 0, np.asarray(1 if hi >= 1 else -1, dtype=dtype.np), x)
+    if not np.any(x):
+        x.reshape(-1)[:1] = 1 if hi >= 1 else -1
+    return np.asarray(x, dtype=dtype.np)
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (ties to even), as float32."""
+    f = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = ((f + 0x7FFF + ((f >> 16) & 1)) >> 16) << 16
+    return r.astype(np.uint32).view(np.float32).reshape(np.shape(x))
+
+
+def as_dtype(x: np.ndarray, d: DType) -> np.ndarray:
+    """A reference computed in float32 rounded to ``d`` (the rounding a store does)."""
+    if d == dt.bfloat16:
+        return round_bf16(np.asarray(x, dtype=np.float32))
+    return np.asarray(x).astype(d.np)
+
+
+@pytest.fixture(name="host", scope="session")
+def host_fixture() -> Callable[..., np.ndarray]:
+    return host
+
+
+@pytest.fixture(name="make", scope="session")
+def make_fixture() -> Callable[..., tuple[np.ndarray, ag.Tensor]]:
+    """``make(shape, dtype, seed, device, **host_kwargs) -> (host array, tensor)``."""
+
+    def make(shape: tuple[int, ...], dtype: DType, seed: int, device: str,
+             **kwargs: Any) -> tuple[np.ndarray, ag.Tensor]:
+        x = host(tuple(shape), dtype, seed, **kwargs)
+        return x, ag.tensor(x, dtype=dtype, device=device)
+
+    return make
