@@ -57,6 +57,12 @@ def available_devices() -> list[str]:
     return [get_device(n).name for n in DEVICES if available(n)[0]]
 
 
+@pytest.fixture(name="devices", scope="session")
+def devices_fixture() -> list[str]:
+    """Every selected device that is available, for tests that move data between them."""
+    return available_devices()
+
+
 @pytest.fixture(scope="session", params=DEVICES)
 def device(request: pytest.FixtureRequest) -> str:
     """The canonical name of a device ("cpu:0", "opencl:0", ...); skips unavailable ones."""

@@ -118,6 +118,30 @@ def load(buf: str, dtype: DType, index: Expr, guard: Expr | None = None) -> Expr
     return Expr("load", dtype, (index,) if guard is None else (index, guard), buf)
 
 
+def substitute(e: Expr, mapping: dict[str, Expr], memo: dict[int, Expr] | None = None) -> Expr:
+    """``e`` with the variables named in ``mapping`` replaced (constants fold again)."""
+    memo = {} if memo is None else memo
+    hit = memo.get(id(e))
+    if hit is not None:
+        return hit
+    if e.op == "var":
+        out = mapping.get(e.arg, e)
+    elif not e.srcs:
+        out = e
+    else:
+        srcs = tuple(substitute(s, mapping, memo) for s in e.srcs)
+        if all(a is b for a, b in zip(srcs, e.srcs)):
+            out = e
+        elif e.op == "cast":
+            out = cast(srcs[0], e.dtype)
+        elif e.op == "load":
+            out = load(e.arg, e.dtype, srcs[0], srcs[1] if len(srcs) > 1 else None)
+        else:
+            out = alu(e.op, *srcs)
+    memo[id(e)] = out
+    return out
+
+
 # ---- statements -------------------------------------------------------------------------------
 @dataclass
 class Decl:

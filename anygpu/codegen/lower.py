@@ -418,22 +418,54 @@ def _pow2_at_most(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
+def _reduce_index(ast: KernelAST, flat: ir.Expr) -> dict[str, ir.Expr]:
+    """Each reduce variable as an expression of the flat reduce index."""
+    dims = ast.reduce
+    strides = sym.strides_of(tuple(d[1] for d in dims))
+    total = math.prod(d[1] for d in dims)
+    out = {}
+    for (name, size, _), st in zip(dims, strides):
+        e = flat if st == 1 else ir.alu("idiv", flat, ir.const(st, flat.dtype))
+        if st * size != total:
+            e = ir.alu("mod", e, ir.const(size, flat.dtype))
+        out[name] = e
+    return out
+
+
+# rows of at most this many elements per thread are held in registers across the stages
+MAX_ROW_PER_THREAD = 32
+
+
 def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: ir.Store,
                       outer_total: int, red_total: int, max_local: int) -> ir.Kernel:
     """One work-group per output row; its threads stride over the row, then combine in local
-    memory. Several stages reread the row, mostly from cache."""
+    memory. When each thread's share of the row is small and fixed, the row is unrolled: every
+    element is loaded once and kept in registers for all the stages (softmax reads its input
+    once instead of three times)."""
     dt = ast.index_dtype
     local = min(256, _pow2_at_most(max_local), 1 << max(red_total - 1, 1).bit_length())
     lid, step = ir.special("lid"), ir.const(local, dt)
+    per_thread = red_total // local if red_total % local == 0 else 0
+    unrolled = 0 < per_thread <= MAX_ROW_PER_THREAD
+    subs = []
+    if unrolled:
+        for j in range(per_thread):
+            flat = ir.alu("add", ir.const(j * local, dt), lid)
+            subs.append(_reduce_index(ast, flat))
     body: list[ir.Stmt] = _decompose(ir.special("gid"), ast.outer)
     for k, stage in enumerate(ast.stages):
         acc, lmem = f"acc{k}", f"lmem{k}"
         accv = ir.var(acc, stage.dtype)
         op = REDUCE_ALU[stage.op]
         body += [ir.LocalArray(lmem, stage.dtype, local),
-                 ir.Decl(acc, stage.dtype, reduce_identity(stage.op, stage.dtype)),
-                 _reduce_loop(ast, lid, step, red_total, [_accumulate(stage, acc)]),
-                 ir.Store(lmem, lid, accv), ir.Barrier()]
+                 ir.Decl(acc, stage.dtype, reduce_identity(stage.op, stage.dtype))]
+        if unrolled:
+            for mapping in subs:
+                value = ir.substitute(stage.value, mapping)
+                body.append(ir.Assign(acc, ir.alu(op, accv, value)))
+        else:
+            body.append(_reduce_loop(ast, lid, step, red_total, [_accumulate(stage, acc)]))
+        body += [ir.Store(lmem, lid, accv), ir.Barrier()]
         s = local // 2
         while s > 0:
             partner = ir.load(lmem, stage.dtype, ir.alu("add", lid, ir.const(s, dt)))
@@ -444,6 +476,10 @@ def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: 
         body += [ir.Assign(acc, ir.load(lmem, stage.dtype, ir.const(0, dt))), ir.Barrier()]
     if ast.reduced_output:
         body.append(ir.If(ir.alu("eq", lid, ir.const(0, dt)), [store]))
+    elif unrolled:
+        for mapping in subs:
+            body.append(ir.Store("b0", ir.substitute(store.index, mapping),
+                                 ir.substitute(store.value, mapping)))
     else:
         body.append(_reduce_loop(ast, lid, step, red_total, [store]))
     # local arrays are declared at the top of the kernel (OpenCL and WGSL need that)
