@@ -20,6 +20,7 @@ from anygpu import dtype as dt
 from anygpu.dtype import DType
 from anygpu.graph import schedule as sched
 from anygpu.graph.lazy import Lazy
+from anygpu.ops.grad import is_grad_enabled
 from anygpu.ops.primitives import Op
 from anygpu.runtime.registry import canonical, get_device
 
@@ -52,9 +53,12 @@ def _host_array(data: Any, dtype: DType | None) -> tuple[np.ndarray, DType]:
             arr = data.float().numpy()
             return arr, dtype or dt.bfloat16
         data = data.numpy()
-    arr = np.asarray(data)
+    try:
+        arr = np.asarray(data)
+    except ValueError as err:  # NumPy >= 1.24 refuses ragged nesting
+        raise ValueError(f"cannot make a tensor from ragged data: {err}") from err
     if arr.dtype == object:
-        raise TypeError("cannot make a tensor from ragged or non-numeric data")
+        raise TypeError("cannot make a tensor from non-numeric data")
     if dtype is None:
         if arr.dtype == np.float64 and not isinstance(data, np.ndarray):
             dtype = dt.float32  # Python floats take the default float dtype, as in PyTorch
@@ -79,9 +83,11 @@ class Tensor:
             want = None if dtype is None else dt.to_dtype(dtype)
             arr, d = _host_array(data, want)
             self.lazy = _upload(arr, d, canonical(device))
-        self.requires_grad = requires_grad
+        self.requires_grad = False
         self.grad: Tensor | None = None
         self._ctx: Any = None
+        if requires_grad:
+            self.requires_grad_(True)
 
     # ---- properties --------------------------------------------------------------------------------
     @property
@@ -195,7 +201,7 @@ class Tensor:
     @staticmethod
     def _make(lazy: Lazy, parents: tuple["Tensor", ...], op: Any, arg: Any = None) -> "Tensor":
         out = Tensor(lazy)
-        if any(p.requires_grad for p in parents):
+        if lazy.dtype.is_float and any(p.requires_grad for p in parents) and is_grad_enabled():
             out.requires_grad = True
             out._ctx = (op, parents, arg)
         return out
@@ -265,6 +271,8 @@ class Tensor:
         if alpha != 1:
             other = _as_tensor(other, self) * alpha
         a, b = self._operands(other)
+        if a.dtype == dt.bool_:
+            return a._alu(Op.OR, b)
         return a._alu(Op.ADD, b)
 
     def sub(self, other: TensorLike, alpha: Scalar = 1) -> "Tensor":
@@ -344,7 +352,7 @@ class Tensor:
 
     def __radd__(self, o: TensorLike) -> "Tensor":
         a, b = self._operands(o, reverse=True)
-        return a._alu(Op.ADD, b)
+        return a.add(b)
 
     def __sub__(self, o: TensorLike) -> "Tensor":
         return self.sub(o)
@@ -704,8 +712,8 @@ class Tensor:
     def _neg_for_min(self) -> "Tensor":
         if self.dtype == dt.bool_:
             return self.logical_not()
-        if self.dtype.is_unsigned:
-            return self._const_like(255) - self
+        if self.dtype.is_int:
+            return ~self  # -x - 1 reverses the order without overflow (-x wraps at the minimum)
         return -self
 
     def argmax(self, axis: int | None = None, keepdim: bool = False,
@@ -944,12 +952,31 @@ class Tensor:
         return self.matmul(other)
 
     # ---- autograd (see ops/grad.py) ---------------------------------------------------------------
-    def backward(self, gradient: "Tensor | None" = None) -> None:
+    def backward(self, gradient: "Tensor | None" = None, retain_graph: bool = False) -> None:
+        """Accumulate gradients of this tensor into ``.grad`` of the leaves that need them."""
         from anygpu.ops.grad import backward
-        backward(self, gradient)
+        backward(self, gradient, retain_graph)
 
     def requires_grad_(self, flag: bool = True) -> "Tensor":
+        if flag and not self.dtype.is_float:
+            raise RuntimeError(f"only floating-point tensors can require gradients, this one is "
+                               f"{self.dtype.name}")
         self.requires_grad = flag
+        return self
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._ctx is None
+
+    def assign(self, value: "TensorLike") -> "Tensor":
+        """Write ``value`` into this tensor's memory (in place; the shape and dtype stay)."""
+        v = _as_tensor(value, self).cast(self.dtype)
+        if v.shape != self.shape:
+            v = v.expand(self.shape)
+        if v.device != self.device:
+            raise ValueError(f"assign: value on {v.device}, tensor on {self.device}")
+        self.realize()
+        sched.realize_into(v.lazy, self.lazy)
         return self
 
 

@@ -122,8 +122,10 @@ def test_eye(device: str, n: int, m: int | None, dtype: DType, check: Any) -> No
 def test_creation_errors(device: str) -> None:
     with pytest.raises(ValueError, match="steps >= 1"):
         ag.linspace(0, 1, 0, device=device)
-    with pytest.raises(TypeError, match="ragged"):
+    with pytest.raises(ValueError, match="ragged"):
         ag.tensor([[1, 2], [3]], device=device)
+    with pytest.raises(TypeError, match="non-numeric"):
+        ag.tensor([None, 1], device=device)
     with pytest.raises(TypeError, match="unknown dtype"):
         ag.zeros(2, dtype="float128", device=device)
 
@@ -160,7 +162,7 @@ def test_add_sub_mul(device: str, dtype: DType, op: str, seed: int, shapes: tupl
         return  # test_bool_subtraction_raises
     a, ta = make(shapes[0], dtype, seed, device, **_wide(dtype))
     b, tb = make(shapes[1], dtype, seed + 1, device, **_wide(dtype))
-    out = {"add": ta + tb, "sub": ta - tb, "mul": ta * tb}[op]
+    out = {"add": ta.__add__, "sub": ta.__sub__, "mul": ta.__mul__}[op](tb)
     check(out, _np_binary(op, a, b, dtype), dtype)
 
 
@@ -187,6 +189,8 @@ def test_bool_add_is_logical_or(device: str, check: Any) -> None:
     check(a + b, np.array([True, True, True, False]), ag.bool_)
     check(True + b, np.array([True, True, True, True]), ag.bool_)
     check(a * b, np.array([True, False, False, False]), ag.bool_)
+    check((a + b).int(), np.array([1, 1, 1, 0]), ag.int32)  # True + True is True, not 2
+    check((a + b) == (b + a), np.array([True] * 4), ag.bool_)
 
 
 @pytest.mark.parametrize("a_dtype,b_dtype,want", [
@@ -547,9 +551,10 @@ def test_cast_rounds_to_nearest_even(device: str, check: Any) -> None:
                  dtype=np.float32)
     t = ag.tensor(x, device=device)
     if dev.supports(F16):
-        check(t.half(), x.astype(np.float16), F16, rtol=0, atol=0)
+        with np.errstate(over="ignore"):
+            check(t.half(), x.astype(np.float16), F16, rtol=0, atol=0)  # 65520 -> inf
     if dev.supports(BF16):
-        want = np.array([1, 1 + 2**-7, 1, 1 + 2**-6, 65536.0, -0.10009765625], np.float32)
+        want = np.array([1, 1, 1, 1 + 2**-6, 65536.0, -0.10009765625], np.float32)
         check(t.bfloat16(), want, BF16, rtol=0, atol=0)
 
 
@@ -999,7 +1004,7 @@ def test_dtype_errors(device: str) -> None:
         b - b
     with pytest.raises(TypeError, match="negation of a bool"):
         -b
-    with pytest.raises(TypeError, match="unsupported scalar"):
+    with pytest.raises(TypeError, match="no anygpu equivalent"):
         f + "1"
 
 

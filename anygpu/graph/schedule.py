@@ -192,8 +192,8 @@ class Launch:
 _compiled: dict[tuple, tuple[Program, ir.Kernel]] = {}
 
 
-def prepare(item: KernelItem) -> Launch:
-    """Compile (cached) the item's kernel for its device and allocate its output buffer."""
+def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
+    """Compile (cached) the item's kernel for its device; allocate its output unless given."""
     ast = item.ast
     node = ast.output
     device = get_device(node.device)
@@ -210,7 +210,8 @@ def prepare(item: KernelItem) -> Launch:
         if item.signature:
             _compiled[key] = hit
     program, kernel = hit
-    out = alloc_for(device, node.numel, node.dtype)
+    if out is None:
+        out = alloc_for(device, node.numel, node.dtype)
     buffers = [out] + [inp.buffer for inp in ast.inputs]  # type: ignore[list-item]
     groups: tuple[int, ...] = (kernel.groups,)
     if device.dialect == "wgsl":
@@ -240,3 +241,49 @@ def realize(*nodes: Lazy) -> None:
     pending = [n for n in nodes if not n.realized]
     if pending:
         run(schedule(pending))
+
+
+def _reads_only_at(ast: lower.KernelAST, buf_name: str, index: ir.Expr) -> bool:
+    """Whether every load of ``buf_name`` in the kernel reads at ``index`` (the store index)."""
+    seen: set[int] = set()
+    stack = [ast.out_value, *(s.value for s in ast.stages)]
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if e.op == "load" and e.arg == buf_name and (e.srcs[0] is not index or len(e.srcs) > 1):
+            return False
+        stack.extend(e.srcs)
+    return True
+
+
+def realize_into(value: Lazy, target: Lazy) -> None:
+    """Compute ``value`` into ``target``'s buffer, in place where every element only reads
+    its own position of the target (an optimizer update), else through a temporary."""
+    if target.buffer is None or target.op is not Op.BUFFER:
+        raise ValueError("assign needs a realized tensor that owns its memory, not a view")
+    if value.shape != target.shape or value.dtype != target.dtype:
+        raise ValueError(f"assign of {value.shape} {value.dtype.name} into {target.shape} "
+                         f"{target.dtype.name}")
+    device = get_device(target.device)
+    if value.realized:
+        if value.buffer is not target.buffer:
+            assert value.buffer is not None
+            device.copy(target.buffer, value.buffer)
+        return
+    items = schedule([value])
+    run(items[:-1])
+    last = items[-1]
+    if isinstance(last, KernelItem):
+        ast = last.ast
+        names = {id(n.buffer): f"b{i + 1}" for i, n in enumerate(ast.inputs)}
+        name = names.get(id(target.buffer))
+        if name is None or (not ast.stages and _reads_only_at(ast, name, ast.out_index)):
+            launch = prepare(last, out=target.buffer)
+            launch()
+            value.set_buffer(target.buffer)
+            return
+    run([last])
+    assert value.buffer is not None
+    device.copy(target.buffer, value.buffer)

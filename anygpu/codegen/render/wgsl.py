@@ -85,6 +85,8 @@ class WGSLRenderer(CStyleRenderer):
         if e.op in ("shl", "shr"):
             a, b = self.expr(e.srcs[0]), self.expr(e.srcs[1])
             return self.wrap(f"({a} {'<<' if e.op == 'shl' else '>>'} u32({b}))", e.dtype)
+        if e.op == "neg" and e.dtype.is_unsigned:  # WGSL has no unary minus on u32
+            return self.wrap(f"(0u - {self.expr(e.srcs[0])})", e.dtype)
         if e.op == "recip":
             return f"(1.0f / {self.expr(e.srcs[0])})"
         if e.op == "not":

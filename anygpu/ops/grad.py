@@ -1,0 +1,192 @@
+"""Reverse-mode autograd: one table of gradient rules keyed by primitive op.
+
+Every tensor made from tensors that require gradients records ``(op, parents, arg)``. ``backward``
+walks that record in reverse topological order and applies the rule of each op; the gradients are
+themselves lazy tensors, so they fuse into kernels like any other computation.
+
+>>> import anygpu as ag
+>>> x = ag.tensor([1.0, 2.0, 3.0], requires_grad=True)
+>>> (x * x).sum().backward()
+>>> x.grad.numpy().tolist()
+[2.0, 4.0, 6.0]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+
+from anygpu.ops.primitives import Op
+
+if TYPE_CHECKING:
+    from anygpu.tensor import Tensor
+
+Grads = tuple[Optional["Tensor"], ...]
+Rule = Callable[["Tensor", tuple["Tensor", ...], Any, "Tensor"], Grads]
+
+_enabled = [True]
+
+
+def is_grad_enabled() -> bool:
+    return _enabled[-1]
+
+
+@contextlib.contextmanager
+def no_grad() -> Iterator[None]:
+    """Within this block, new tensors record no history (for inference and parameter updates)."""
+    _enabled.append(False)
+    try:
+        yield
+    finally:
+        _enabled.pop()
+
+
+@contextlib.contextmanager
+def enable_grad() -> Iterator[None]:
+    _enabled.append(True)
+    try:
+        yield
+    finally:
+        _enabled.pop()
+
+
+def _unexpand(g: "Tensor", shape: tuple[int, ...]) -> "Tensor":
+    axes = tuple(i for i, (a, b) in enumerate(zip(g.shape, shape)) if a != b)
+    return g._reduce(Op.SUM, axes) if axes else g
+
+
+def _max_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    x, y = ps
+    share = x.gt(y).cast(g.dtype) + x.eq(y).cast(g.dtype) * 0.5  # ties split evenly, as PyTorch
+    return g * share, g * (1 - share)
+
+
+def _rmax_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    (x,) = ps
+    hit = x.eq(out.expand(x.shape)).cast(g.dtype)
+    count = hit._reduce(Op.SUM, arg)
+    return ((g / count).expand(x.shape) * hit,)
+
+
+def _permute_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    inverse = [0] * len(arg)
+    for i, a in enumerate(arg):
+        inverse[a] = i
+    return (g.permute(inverse),)
+
+
+def _pad_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    return (g.shrink([(a, a + n) for (a, _), n in zip(arg, ps[0].shape)]),)
+
+
+def _shrink_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    return (g._move(Op.PAD, tuple((a, n - b) for (a, b), n in zip(arg, ps[0].shape))),)
+
+
+def _gather_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    from anygpu.tensor import zeros
+
+    x, index = ps
+    return zeros(x.shape, dtype=g.dtype, device=g.device).scatter_add(arg, index, g), None
+
+
+def _where_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    c = ps[0]
+    zero = g._const_like(0)
+    return None, c._select(g, zero), c._select(zero, g)
+
+
+RULES: dict[Any, Rule] = {
+    Op.NEG: lambda out, ps, arg, g: (-g,),
+    Op.EXP2: lambda out, ps, arg, g: (g * out * math.log(2),),
+    Op.LOG2: lambda out, ps, arg, g: (g / (ps[0] * math.log(2)),),
+    Op.SIN: lambda out, ps, arg, g: (g * ps[0].cos(),),
+    Op.SQRT: lambda out, ps, arg, g: (g / (out * 2),),
+    Op.RECIP: lambda out, ps, arg, g: (-g * out * out,),
+    Op.TRUNC: lambda out, ps, arg, g: (g * 0,),
+    Op.CAST: lambda out, ps, arg, g: (g.cast(ps[0].dtype) if ps[0].dtype.is_float else None,),
+    Op.ADD: lambda out, ps, arg, g: (g, g),
+    Op.MUL: lambda out, ps, arg, g: (g * ps[1], g * ps[0]),
+    Op.DIV: lambda out, ps, arg, g: (g / ps[1], -g * ps[0] / (ps[1] * ps[1])),
+    Op.MAX: _max_grad,
+    Op.WHERE: _where_grad,
+    Op.SUM: lambda out, ps, arg, g: (g.expand(ps[0].shape),),
+    Op.RMAX: _rmax_grad,
+    Op.PROD: lambda out, ps, arg, g: ((g * out).expand(ps[0].shape) / ps[0],),
+    Op.RESHAPE: lambda out, ps, arg, g: (g.reshape(ps[0].shape),),
+    Op.PERMUTE: _permute_grad,
+    Op.EXPAND: lambda out, ps, arg, g: (_unexpand(g, ps[0].shape),),
+    Op.PAD: _pad_grad,
+    Op.SHRINK: _shrink_grad,
+    Op.FLIP: lambda out, ps, arg, g: (g.flip(arg),),
+    "contiguous": lambda out, ps, arg, g: (g,),
+    "copy": lambda out, ps, arg, g: (g.to(ps[0].device),),
+    "gather": _gather_grad,
+}
+# comparisons, logic, integer division and bit ops have bool or integer results: no gradient flows
+NOT_DIFFERENTIABLE = {Op.CMPLT, Op.CMPEQ, Op.AND, Op.OR, Op.XOR, Op.NOT, Op.IDIV, Op.MOD, Op.SHL,
+                      Op.SHR}
+
+
+def _toposort(root: "Tensor") -> list["Tensor"]:
+    order: list["Tensor"] = []
+    seen: set[int] = set()
+    stack: list[tuple["Tensor", bool]] = [(root, False)]
+    while stack:
+        t, done = stack.pop()
+        if done:
+            order.append(t)
+            continue
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        stack.append((t, True))
+        if t._ctx is not None:
+            for p in t._ctx[1]:
+                if p.requires_grad and id(p) not in seen:
+                    stack.append((p, False))
+    return order
+
+
+def backward(root: "Tensor", gradient: "Tensor | None" = None,
+             retain_graph: bool = False) -> None:
+    """Accumulate d(root)/d(leaf) into ``leaf.grad`` for every leaf that requires gradients."""
+    from anygpu.tensor import Tensor
+
+    if not root.requires_grad:
+        raise RuntimeError("backward() on a tensor that does not require grad (no input "
+                           "requires gradients, or it was made under no_grad())")
+    if gradient is None:
+        if root.numel() != 1:
+            raise RuntimeError(f"backward() without a gradient needs a scalar output, got shape "
+                               f"{root.shape}")
+        gradient = root._const_like(1.0)
+    elif not isinstance(gradient, Tensor):
+        gradient = Tensor(gradient, device=root.device, dtype=root.dtype)
+    if gradient.shape != root.shape:
+        raise ValueError(f"gradient shape {gradient.shape} does not match output {root.shape}")
+    grads: dict[int, Tensor] = {id(root): gradient}
+    with no_grad():
+        for t in reversed(_toposort(root)):
+            g = grads.pop(id(t), None)
+            if g is None:
+                continue
+            if t._ctx is None:
+                t.grad = g if t.grad is None else t.grad + g
+                continue
+            op, parents, arg = t._ctx
+            if op in NOT_DIFFERENTIABLE:
+                continue
+            rule = RULES.get(op)
+            if rule is None:
+                raise RuntimeError(f"no gradient rule for {op}")
+            for p, pg in zip(parents, rule(t, parents, arg, g)):
+                if pg is None or not p.requires_grad:
+                    continue
+                if pg.shape != p.shape:
+                    raise AssertionError(f"gradient of {op} has shape {pg.shape}, not {p.shape}")
+                prev = grads.get(id(p))
+                grads[id(p)] = pg if prev is None else prev + pg
+            if not retain_graph:
+                t._ctx = None
