@@ -13,6 +13,8 @@ from anygpu.tensor import (Tensor, arange, cat, eye, full, full_like, linspace, 
                            ones_like, rand, randint, randn, realize, stack, tensor, where, zeros,
                            zeros_like)
 
+from anygpu import nn, optim  # noqa: E402  (they use the names above)
+
 __version__ = "0.1.0"
 
 float = float32
@@ -26,4 +28,4 @@ __all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like
            "stack", "realize", "no_grad", "enable_grad", "DType", "float32", "float16", "bfloat16", "int8", "uint8",
            "int32", "int64", "bool_", "float", "half", "long", "int", "bool", "get_device",
            "DeviceError", "OutOfMemoryError", "UnsupportedError", "BackendUnavailable",
-           "__version__"]
+           "nn", "optim", "__version__"]
