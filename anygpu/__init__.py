@@ -6,6 +6,7 @@
 """
 
 from anygpu.dtype import (DType, bfloat16, bool_, float16, float32, int8, int32, int64, uint8)
+from anygpu.graph.jit import jit
 from anygpu.ops.grad import enable_grad, no_grad
 from anygpu.runtime.base import DeviceError, OutOfMemoryError, UnsupportedError
 from anygpu.runtime.registry import BackendUnavailable, get_device
@@ -25,7 +26,7 @@ bool = bool_
 
 __all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like",
            "arange", "linspace", "eye", "rand", "randn", "randint", "manual_seed", "where", "cat",
-           "stack", "realize", "no_grad", "enable_grad", "DType", "float32", "float16", "bfloat16", "int8", "uint8",
+           "stack", "realize", "no_grad", "enable_grad", "jit", "DType", "float32", "float16", "bfloat16", "int8", "uint8",
            "int32", "int64", "bool_", "float", "half", "long", "int", "bool", "get_device",
            "DeviceError", "OutOfMemoryError", "UnsupportedError", "BackendUnavailable",
            "nn", "optim", "__version__"]

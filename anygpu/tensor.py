@@ -220,7 +220,10 @@ class Tensor:
     # ---- dtype -------------------------------------------------------------------------------------
     def cast(self, dtype: Any) -> "Tensor":
         d = dt.to_dtype(dtype)
-        return self if d == self.dtype else self._alu(Op.CAST, arg=d)
+        if d == self.dtype:
+            return self
+        get_device(self.device).check_dtype(d)  # here, not when some later kernel compiles
+        return self._alu(Op.CAST, arg=d)
 
     def type(self, dtype: Any) -> "Tensor":
         return self.cast(dtype)

@@ -1091,7 +1091,7 @@ def test_to_device_round_trip(device: str, devices: list[str], check: Any) -> No
         dev = get_device(other)
         for d in ALL:
             if dev.supports(d) and get_device(device).supports(d):
-                check(t.cast(d).to(other), _cast_ref(x, F32, d), d)
+                check((t + 5).cast(d).to(other), _cast_ref(x + 5, F32, d), d)
     assert t.to(device) is t
     assert t.cpu().device == "cpu:0"
 

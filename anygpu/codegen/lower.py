@@ -364,7 +364,7 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256) -> ir.Kernel:
     if dialect == "c":
         body = _cpu_body(ast, store, outer_total)
         return ir.Kernel(name, params, body, 1, 1, {"bytes": kernel_bytes(ast)})
-    if not ast.reduce:
+    if not ast.reduce and not ast.stages:  # stages over size-1 axes still need their loops
         local = min(256, max_local)
         per_thread = 4 if outer_total >= (1 << 20) else 1
         groups = -(-outer_total // (local * per_thread))

@@ -12,7 +12,7 @@ import dataclasses
 import sys
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -72,7 +72,9 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
     if cached is None:
         ast = lower.build_kernel(lower.choose_spec(node))
         position = {id(n): i for i, n in enumerate(walk)}
-        _ast_cache[signature] = (ast, [position[id(n)] for n in ast.inputs])
+        # the template keeps no graph nodes alive: they are filled in from each new walk
+        template = dataclasses.replace(ast, output=None, inputs=[], lins=[])  # type: ignore
+        _ast_cache[signature] = (template, [position[id(n)] for n in ast.inputs])
         if len(_ast_cache) > 4096:
             _ast_cache.pop(next(iter(_ast_cache)))
     else:
@@ -156,6 +158,10 @@ def read_buffer(node: Lazy) -> np.ndarray:
     return from_storage(raw[:node.numel], node.dtype).reshape(node.shape)
 
 
+# while a jit capture is running, every launch and device copy is appended here
+recording: list[Callable[[], object]] | None = None
+
+
 def run(items: list[Item]) -> None:
     for item in items:
         if item.output.realized:
@@ -187,6 +193,26 @@ class Launch:
 
     def __call__(self, wait: bool = False) -> float | None:
         return self.program(self.buffers, self.groups, self.local, wait=wait)
+
+
+@dataclass
+class DeviceCopy:
+    """A device-to-device copy, recorded by jit like a launch."""
+
+    device: Device
+    dst: Buffer
+    src: Buffer
+
+    @property
+    def buffers(self) -> list[Buffer]:
+        return [self.dst, self.src]
+
+    @buffers.setter
+    def buffers(self, value: list[Buffer]) -> None:
+        self.dst, self.src = value
+
+    def __call__(self, wait: bool = False) -> None:
+        self.device.copy(self.dst, self.src)
 
 
 _compiled: dict[tuple, tuple[Program, ir.Kernel]] = {}
@@ -233,6 +259,8 @@ def _run_kernel(item: KernelItem) -> None:
               f"(host {host * 1e6:.0f} us)", file=sys.stderr)
     else:
         launch()
+    if recording is not None:
+        recording.append(launch)
     item.ast.output.set_buffer(launch.buffers[0])
 
 
@@ -270,7 +298,10 @@ def realize_into(value: Lazy, target: Lazy) -> None:
     if value.realized:
         if value.buffer is not target.buffer:
             assert value.buffer is not None
-            device.copy(target.buffer, value.buffer)
+            copy = DeviceCopy(device, target.buffer, value.buffer)
+            copy()
+            if recording is not None:
+                recording.append(copy)
         return
     items = schedule([value])
     run(items[:-1])
@@ -282,8 +313,13 @@ def realize_into(value: Lazy, target: Lazy) -> None:
         if name is None or (not ast.stages and _reads_only_at(ast, name, ast.out_index)):
             launch = prepare(last, out=target.buffer)
             launch()
+            if recording is not None:
+                recording.append(launch)
             value.set_buffer(target.buffer)
             return
     run([last])
     assert value.buffer is not None
-    device.copy(target.buffer, value.buffer)
+    copy = DeviceCopy(device, target.buffer, value.buffer)
+    copy()
+    if recording is not None:
+        recording.append(copy)

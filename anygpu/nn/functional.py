@@ -9,9 +9,11 @@
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+import math
+from typing import Any, Sequence, Union
 
-from anygpu.tensor import Tensor, where
+from anygpu import dtype as dt
+from anygpu.tensor import Tensor, arange, cat, rand, where
 
 IntPair = Union[int, Sequence[int]]
 
@@ -138,10 +140,32 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
 
 
 def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float = 0.0) -> Tensor:
-    if mode != "constant":
-        raise NotImplementedError(f"pad mode {mode!r}: only 'constant' is implemented")
-    return x.pad(pad, value)
+    """PyTorch's ``F.pad``: modes 'constant', 'reflect', 'replicate' and 'circular'."""
+    if mode == "constant":
+        return x.pad(pad, value)
+    if mode not in ("reflect", "replicate", "circular"):
+        raise ValueError(f"unknown padding mode {mode!r}")
+    if len(pad) % 2 or len(pad) // 2 > x.ndim:
+        raise ValueError(f"padding {tuple(pad)} does not fit {x.ndim} dimensions")
+    for i in range(len(pad) // 2):
+        axis, before, after = x.ndim - 1 - i, int(pad[2 * i]), int(pad[2 * i + 1])
+        n = x.shape[axis]
+        limit = n - 1 if mode == "reflect" else n
+        if mode != "replicate" and (before > limit or after > limit):
+            raise ValueError(f"{mode} padding of {(before, after)} is too large for size {n}")
+
+        def part(a: int, b: int) -> Tensor:
+            return x.shrink([(a, b) if k == axis else (0, m) for k, m in enumerate(x.shape)])
+
+        pieces = []
+        if mode == "circular":
+            pieces = [part(n - before, n), x, part(0, after)]
+        elif mode == "reflect":
+            pieces = [part(1, before + 1).flip(axis), x, part(n - after - 1, n - 1).flip(axis)]
+        else:
+            shape = lambda k: x.shape[:axis] + (k,) + x.shape[axis + 1:]  # noqa: E731
+            pieces = [part(0, 1).expand(shape(before)), x, part(n - 1, n).expand(shape(after))]
+        x = cat([p for p in pieces if p.shape[axis]], axis)
+    return x
 
 
-__all__ = ["conv2d", "linear", "relu", "gelu", "silu", "sigmoid", "softmax", "log_softmax",
-           "pad", "unfold2d", "where"]

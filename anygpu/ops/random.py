@@ -9,16 +9,22 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from anygpu import config
 from anygpu import dtype as dt
 from anygpu.graph.lazy import Lazy
 
 _state = {"seed": config.get().seed, "counter": 0}
+# the position of the next value, per device, in device memory: kernels read it and advance it,
+# so a jit-captured step draws new numbers on every replay
+_counters: dict[str, Any] = {}
 
 
 def manual_seed(seed: int) -> None:
     """Restart the generator: the same seed gives the same sequence of tensors."""
     _state["seed"], _state["counter"] = int(seed) & 0xFFFFFFFF, 0
+    _counters.clear()
 
 
 def _mix32(x: int) -> int:
@@ -45,15 +51,19 @@ def random_bits(n: int, device: str | None) -> Any:
     """n uint32 values, advancing the generator's counter by n."""
     from anygpu.tensor import Tensor, canonical
 
+    from anygpu.ops.grad import no_grad
+
     dev = canonical(device)
-    start = _state["counter"]
-    _state["counter"] += n
-    if start + n >= 2**32:
-        raise OverflowError("random number counter exhausted; call manual_seed() again")
+    if dev not in _counters:
+        _counters[dev] = Tensor(np.zeros(1, np.uint32), device=dev)
+    position = _counters[dev]
     key = _mix32(_state["seed"] ^ 0x9E3779B9)
-    idx = Tensor(Lazy.iota(n, dt.int32, dev)).cast(dt.uint32)
-    counter = idx + Tensor(Lazy.const(start, (), dt.uint32, dev))
-    return _hash(_hash(counter) ^ Tensor(Lazy.const(key, (), dt.uint32, dev)))
+    with no_grad():
+        idx = Tensor(Lazy.iota(n, dt.int32, dev)).cast(dt.uint32)
+        bits = _hash(_hash(idx + position) ^ Tensor(Lazy.const(key, (), dt.uint32, dev)))
+        bits = bits.contiguous().realize()
+        position.assign(position + n)  # wraps around after 2**32 values
+    return bits
 
 
 def _uniform(n: int, device: str | None) -> Any:

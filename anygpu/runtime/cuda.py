@@ -363,6 +363,25 @@ def _nvrtc_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+class CUDAGraph:
+    """A captured sequence of launches; calling it replays them with one driver call."""
+
+    def __init__(self, device: "CUDADevice", graph: Any, executable: Any):
+        self.device, self.graph, self.executable = device, graph, executable
+
+    def __call__(self) -> None:
+        dev = self.device
+        dev._activate()
+        dev._check(dev.drv.cuGraphLaunch, self.executable, dev._stream)
+
+    def __del__(self) -> None:
+        try:
+            self.device.drv.cuGraphExecDestroy(self.executable)
+            self.device.drv.cuGraphDestroy(self.graph)
+        except Exception:  # interpreter shutdown: the driver may be gone already
+            pass
+
+
 class CUDADevice(GPUDevice):
     backend = "cuda"
     dialect = "cuda"
@@ -383,6 +402,20 @@ class CUDADevice(GPUDevice):
 
     def _make_current(self) -> None:
         self._check(self.drv.cuCtxSetCurrent, self._context)
+
+    def capture_graph(self, steps: Sequence[Callable[[], object]]) -> "CUDAGraph":
+        """Record ``steps`` (launches and copies on this device's stream) as one CUDA graph."""
+        self._activate()
+        self.synchronize()
+        mode = self.drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        self._check(self.drv.cuStreamBeginCapture, self._stream, mode)
+        try:
+            for step in steps:
+                step()
+        finally:
+            graph = self._check(self.drv.cuStreamEndCapture, self._stream)
+        executable = self._check(self.drv.cuGraphInstantiate, graph, 0)
+        return CUDAGraph(self, graph, executable)
 
     def _attribute(self, attribute: Any) -> int:
         return int(self._check(self.drv.cuDeviceGetAttribute, attribute, self._device))

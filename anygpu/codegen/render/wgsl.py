@@ -48,7 +48,7 @@ class WGSLRenderer(CStyleRenderer):
             return f"{float(np.float32(v))!r}f"
         iv = int(value)  # type: ignore[call-overload]
         if dtype in (uint32, uint8):
-            return f"{iv}u"
+            return f"{iv % 2**32}u"  # negative constants wrap, as C's unsigned arithmetic
         if dtype == int64:
             return f"{iv}li" if iv != -(2**63) else "(-9223372036854775807li - 1li)"
         return f"{iv}i" if iv != -(2**31) else "(-2147483647i - 1i)"
@@ -79,12 +79,18 @@ class WGSLRenderer(CStyleRenderer):
     def render_op(self, e: ir.Expr) -> str:
         if e.op == "max":
             a, b = self.expr(e.srcs[0], True), self.expr(e.srcs[1], True)
-            if e.dtype.is_float:
-                return f"select({b}, {a}, {a} > {b} || {a} != {a})"
+            if e.dtype.is_float:  # NaN tested on the bits: compilers may fold a != a away
+                nan = f"(bitcast<u32>({a}) & 0x7fffffffu) > 0x7f800000u"
+                return f"select({b}, {a}, {a} > {b} || {nan})"
             return f"select({b}, {a}, {a} > {b})"
+        if e.op == "lt" and e.srcs[0].dtype == bool_:  # WGSL orders no bools: false < true
+            a, b = self.expr(e.srcs[0]), self.expr(e.srcs[1])
+            return f"((!{a}) && {b})"
         if e.op in ("shl", "shr"):
             a, b = self.expr(e.srcs[0]), self.expr(e.srcs[1])
-            return self.wrap(f"({a} {'<<' if e.op == 'shl' else '>>'} u32({b}))", e.dtype)
+            # a constant amount is written as u32 directly: WGSL cannot convert an i64 literal
+            amount = f"{e.srcs[1].arg}u" if e.srcs[1].op == "const" else f"u32({b})"
+            return self.wrap(f"({a} {'<<' if e.op == 'shl' else '>>'} {amount})", e.dtype)
         if e.op == "neg" and e.dtype.is_unsigned:  # WGSL has no unary minus on u32
             return self.wrap(f"(0u - {self.expr(e.srcs[0])})", e.dtype)
         if e.op == "recip":

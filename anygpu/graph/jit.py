@@ -1,0 +1,243 @@
+"""Capture a function's kernel launches once per input signature and replay them.
+
+The first call of a signature runs normally (kernels compile, optimizer state appears); the second
+runs while recording every launch and device copy; later calls replay the recording with the new
+inputs' buffers: no graph building, scheduling or allocation. Buffers that only live inside the
+step are planned by lifetime and share memory. On ``cuda`` the replay is one CUDA graph.
+
+Like CUDA graphs, a replay returns its outputs in the same buffers every time, and values computed
+in Python inside the function (constants, shapes, host data turned into tensors) are frozen at
+capture; random numbers keep advancing because the generator's position lives on the device.
+
+>>> import anygpu as ag
+>>> @ag.jit
+... def step(x):
+...     return (x * 2 + 1).sum()
+>>> [round(step(ag.tensor([1.0, 2.0]) * k).item(), 1) for k in (1, 2, 3)]
+[8.0, 14.0, 20.0]
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from anygpu.graph import schedule as sched
+from anygpu.graph.lazy import Lazy
+from anygpu.runtime.base import Buffer, Device
+from anygpu.runtime.registry import get_device
+
+MAX_SIGNATURES = 8  # recaptures past this warn: the function is seeing ever-changing shapes
+
+
+def _tensors(x: Any) -> list[Any]:
+    from anygpu.tensor import Tensor
+
+    if isinstance(x, Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _tensors(v)]
+    return []
+
+
+def _signature(args: tuple, kwargs: dict) -> tuple:
+    parts = []
+    for t in _tensors((args, kwargs)):
+        parts.append((t.shape, t.dtype, t.device))
+    others = [repr(a) for a in args if not _tensors(a)] + \
+        [f"{k}={v!r}" for k, v in sorted(kwargs.items()) if not _tensors(v)]
+    return tuple(parts) + tuple(others)
+
+
+@dataclass
+class Captured:
+    steps: list[Any]  # Launch / DeviceCopy objects, in order
+    input_slots: list[list[tuple[int, int]]]  # per input: (step, buffer position) it appears at
+    outputs: Any  # the function's return value with tensors replaced by (index into out_bufs)
+    out_bufs: list[tuple[Buffer, tuple[int, ...], Any, str]]
+    graph: Any = None  # a device graph (CUDA) replaying all steps
+    input_bufs: list[Buffer] | None = None  # the captured inputs (graph replays copy into them)
+
+
+class JitFunction:
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+        self.captured: dict[tuple, Captured | None] = {}
+        self.calls: dict[tuple, int] = {}
+        functools.update_wrapper(self, fn)
+
+    def reset(self) -> None:
+        self.captured.clear()
+        self.calls.clear()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key = _signature(args, kwargs)
+        inputs = _tensors((args, kwargs))
+        for t in inputs:
+            t.realize()
+        captured = self.captured.get(key)
+        if captured is not None:
+            return self._replay(captured, inputs)
+        n = self.calls.get(key, 0)
+        self.calls[key] = n + 1
+        if n == 0:
+            out = self.fn(*args, **kwargs)
+            _realize_all(out)
+            return out
+        if len(self.captured) >= MAX_SIGNATURES:
+            warnings.warn(f"jit: {self.fn.__name__} has been captured for {len(self.captured)} "
+                          "input signatures; changing shapes or dtypes recapture each time",
+                          stacklevel=2)
+            self.captured.pop(next(iter(self.captured)))
+        return self._capture(key, inputs, args, kwargs)
+
+    def _capture(self, key: tuple, inputs: list[Any], args: tuple, kwargs: dict) -> Any:
+        if sched.recording is not None:
+            raise RuntimeError("jit functions cannot be nested")
+        steps: list[Any] = []
+        sched.recording = steps
+        try:
+            out = self.fn(*args, **kwargs)
+            _realize_all(out)
+        finally:
+            sched.recording = None
+        input_ids = [id(t.lazy.buffer) for t in inputs]
+        slots = [[(i, j) for i, st in enumerate(steps) for j, b in enumerate(st.buffers)
+                  if id(b) == bid] for bid in input_ids]
+        out_tensors = _tensors(out)
+        out_bufs = [(t.lazy.buffer, t.shape, t.dtype, t.device) for t in out_tensors]
+        del out_tensors
+        _plan_memory(steps)
+        captured = Captured(steps, slots, None, out_bufs)
+        captured.outputs = _template(out, _tensors(out))
+        _make_graph(captured, inputs)
+        self.captured[key] = captured
+        return out
+
+    def _replay(self, c: Captured, inputs: list[Any]) -> Any:
+        if c.graph is not None:
+            assert c.input_bufs is not None
+            for t, buf in zip(inputs, c.input_bufs):
+                if t.lazy.buffer is not buf:
+                    t.lazy.buffer and get_device(t.device).copy(buf, t.lazy.buffer)
+            c.graph()
+        else:
+            for t, slots in zip(inputs, c.input_slots):
+                for i, j in slots:
+                    c.steps[i].buffers[j] = t.lazy.buffer
+            for step in c.steps:
+                step()
+        from anygpu.tensor import Tensor
+
+        made = [Tensor(Lazy.from_buffer(b, shape, dtype, device))
+                for b, shape, dtype, device in c.out_bufs]
+        return _fill(c.outputs, made)
+
+
+def jit(fn: Callable[..., Any]) -> JitFunction:
+    """Decorator: capture ``fn``'s kernels once per input signature and replay them."""
+    return JitFunction(fn)
+
+
+def _realize_all(out: Any) -> None:
+    from anygpu.tensor import realize
+
+    ts = _tensors(out)
+    if ts:
+        realize(*ts)
+
+
+_OUT = object()
+
+
+def _template(out: Any, tensors: list[Any]) -> Any:
+    from anygpu.tensor import Tensor
+
+    index = {id(t): i for i, t in enumerate(tensors)}
+    if isinstance(out, Tensor):
+        return (_OUT, index[id(out)])
+    if isinstance(out, (list, tuple)):
+        return type(out)(_template(v, tensors) for v in out)
+    if isinstance(out, dict):
+        return {k: _template(v, tensors) for k, v in out.items()}
+    return out
+
+
+def _fill(template: Any, made: list[Any]) -> Any:
+    if isinstance(template, tuple) and len(template) == 2 and template[0] is _OUT:
+        return made[template[1]]
+    if isinstance(template, (list, tuple)):
+        return type(template)(_fill(v, made) for v in template)
+    if isinstance(template, dict):
+        return {k: _fill(v, made) for k, v in template.items()}
+    return template
+
+
+def _plan_memory(steps: list[Any]) -> None:
+    """Give buffers that nothing outside the step holds a shared pool, by lifetime.
+
+    A buffer whose last use comes before another's first use can share its memory. The
+    buffers that outlive the step (parameters, optimizer state, gradients, outputs, inputs)
+    are the ones still referenced once the step's own references are dropped; a buffer the
+    step reads before writing (data uploaded during capture) always keeps its memory.
+    """
+    info: dict[int, tuple[int, Device]] = {}
+    refs: dict[int, weakref.ref] = {}
+    layout: list[list[int]] = []
+    pinned: dict[int, Buffer] = {}
+    written: set[int] = set()
+    for st in steps:
+        ids = [id(b) for b in st.buffers]
+        for j, b in enumerate(st.buffers):
+            info[id(b)] = (b.nbytes, b.device)
+            refs[id(b)] = weakref.ref(b)
+            if j > 0 and id(b) not in written:
+                pinned[id(b)] = b
+        written.add(ids[0])
+        layout.append(ids)
+        st.buffers = [None] * len(ids)
+    gc.collect()
+    alive: dict[int, Buffer] = dict(pinned)
+    for bid, ref in refs.items():
+        buf = ref()
+        if buf is not None:
+            alive[bid] = buf
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, ids in enumerate(layout):
+        for bid in ids:
+            if bid not in alive:
+                first.setdefault(bid, i)
+                last[bid] = i
+    # greedy: walk buffers by first use, reuse a pooled buffer of the same size whose last use
+    # is over (same device); otherwise allocate a new one
+    pool: dict[tuple[int, str], list[tuple[int, Buffer]]] = {}
+    assigned: dict[int, Buffer] = {}
+    for bid in sorted(first, key=lambda k: first[k]):
+        nbytes, device = info[bid]
+        free = pool.setdefault((nbytes, device.name), [])
+        pick = next((k for k, (end, _) in enumerate(free) if end < first[bid]), None)
+        buf = free.pop(pick)[1] if pick is not None else device.alloc(nbytes)
+        assigned[bid] = buf
+        free.append((last[bid], buf))
+    for st, ids in zip(steps, layout):
+        st.buffers = [alive[bid] if bid in alive else assigned[bid] for bid in ids]
+
+
+def _make_graph(c: Captured, inputs: list[Any]) -> None:
+    """On backends with device graphs (CUDA), record the whole replay as one graph."""
+    devices = {st.buffers[0].device for st in c.steps}
+    if len(devices) != 1:
+        return
+    (device,) = devices
+    make = getattr(device, "capture_graph", None)
+    if make is None:
+        return
+    c.graph = make(c.steps)
+    c.input_bufs = [t.lazy.buffer for t in inputs]
