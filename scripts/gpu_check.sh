@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU check, on a machine with an NVIDIA GPU: the test suite on cuda, opencl (the NVIDIA
 # OpenCL driver) and webgpu (NVIDIA Vulkan), then the benchmarks. Results go to $OUT (default
-# ./gpu-results): devices.txt, tests-<backend>.txt, bench.txt, bench.json.
+# ./gpu-results): devices.txt, tests-<backend>.txt, bench.txt, bench.json, bench-jit.txt.
 #
 # Optional inputs in the repository root: .whl/ (wheels for packages the machine lacks, e.g.
 # pyopencl and wgpu, installed into /tmp/site) and .gl/ (Debian packages of the Vulkan loader).
@@ -39,6 +39,8 @@ status=0
 if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 benchmarks/bench_core.py --device cuda opencl webgpu --json "$out/bench.json" 2>&1 \
     | tee "$out/bench.txt" || status=1
+  python3 benchmarks/bench_jit.py --device cuda opencl webgpu 2>&1 | tee "$out/bench-jit.txt" \
+    || status=1
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
   for backend in cuda opencl webgpu; do

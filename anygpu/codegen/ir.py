@@ -142,6 +142,20 @@ def substitute(e: Expr, mapping: dict[str, Expr], memo: dict[int, Expr] | None =
     return out
 
 
+def rename_buffers(e: Expr, names: dict[str, str], memo: dict[int, Expr] | None = None) -> Expr:
+    """``e`` with loads from the buffers in ``names`` reading the renamed buffers."""
+    memo = {} if memo is None else memo
+    hit = memo.get(id(e))
+    if hit is not None:
+        return hit
+    srcs = tuple(rename_buffers(s, names, memo) for s in e.srcs)
+    arg = names.get(e.arg, e.arg) if e.op == "load" else e.arg
+    out = e if arg == e.arg and all(a is b for a, b in zip(srcs, e.srcs)) else \
+        Expr(e.op, e.dtype, srcs, arg)
+    memo[id(e)] = out
+    return out
+
+
 # ---- statements -------------------------------------------------------------------------------
 @dataclass
 class Decl:

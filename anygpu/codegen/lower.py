@@ -15,6 +15,7 @@ one flat index are merged, so a contiguous elementwise chain is a flat 1-D loop.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from anygpu.codegen import ir, sym
@@ -48,19 +49,20 @@ class KernelSpec:
 
 
 def _first_reduces(root: Lazy) -> list[Lazy]:
-    """Reductions reachable from root through fusable nodes, in visit order."""
+    """Reductions reachable from root through fusable nodes, nearest first (breadth first: the
+    reductions of the root's own loop come before those deep inside its inputs)."""
     found: list[Lazy] = []
     seen: set[int] = set()
-    stack = [root.srcs[0]] if root.op is Op.CONTIGUOUS else [root]
-    while stack:
-        node = stack.pop()
+    queue = deque([root.srcs[0]] if root.op is Op.CONTIGUOUS else [root])
+    while queue:
+        node = queue.popleft()
         if id(node) in seen or node.realized:
             continue
         seen.add(id(node))
         if node.op in REDUCE:
             found.append(node)
         elif node.op in ELEMENTWISE or node.op in MOVEMENT:
-            stack.extend(reversed(node.srcs))
+            queue.extend(node.srcs)
     return found
 
 
@@ -324,6 +326,18 @@ def build_kernel(spec: KernelSpec) -> KernelAST:
                 names[k] = fresh
         k -= 1
     return _Builder(spec, groups, dt).build()
+
+
+def write_in_place(ast: KernelAST, k: int) -> KernelAST:
+    """The kernel with input ``k`` being its own output: its loads read b0 and the input is
+    dropped, so no buffer is bound twice (WebGPU forbids it, C's restrict assumes it)."""
+    names = {f"b{i + 1}": f"b{i}" for i in range(k + 1, len(ast.inputs))}
+    names[f"b{k + 1}"] = "b0"
+    memo: dict[int, ir.Expr] = {}
+    stages = [Stage(s.op, s.dtype, ir.rename_buffers(s.value, names, memo)) for s in ast.stages]
+    return KernelAST(ast.dims, stages, ir.rename_buffers(ast.out_index, names, memo),
+                     ir.rename_buffers(ast.out_value, names, memo), ast.reduced_output,
+                     ast.output, ast.inputs[:k] + ast.inputs[k + 1:], ast.index_dtype)
 
 
 def kernel_bytes(ast: KernelAST) -> int:

@@ -197,7 +197,23 @@ def div(x: "Lin | int", b: int) -> Lin:
         inner = rest.terms[0][0]
         if isinstance(inner, Div):
             return add(q, div(inner.a, inner.b * b))
+    split = _split_small(rest, b)
+    if split is not None:  # (c*y + r)//b = y//(b/c) for 0 <= r < c, c dividing b
+        c, big, _ = split
+        return add(q, div(big, b // c))
     return add(q, _atom(Div(rest, b)))
+
+
+def _split_small(x: Lin, b: int) -> tuple[int, Lin, Lin] | None:
+    """``x = c*big + small`` with c > 1 dividing b and 0 <= small < c (for the largest such c),
+    or None. Undoes the flat index of a merged axis: (6*i + j)//18 with j < 6 is i//3."""
+    for c in sorted({gcd(k, b) for _, k in x.terms} - {1, b}, reverse=True):
+        big = [(a, k // c) for a, k in x.terms if k % c == 0]
+        small = Lin(tuple((a, k) for a, k in x.terms if k % c), x.const)
+        lo, hi = small.bounds
+        if big and lo >= 0 and hi < c:
+            return c, Lin(tuple(big), 0), small
+    return None
 
 
 def mod(x: "Lin | int", b: int) -> Lin:
@@ -213,6 +229,10 @@ def mod(x: "Lin | int", b: int) -> Lin:
         inner = rest.terms[0][0]
         if isinstance(inner, Mod) and inner.b % b == 0:
             return mod(inner.a, b)
+    split = _split_small(rest, b)
+    if split is not None:  # (c*y + r) % b = c*(y % (b/c)) + r for 0 <= r < c, c dividing b
+        c, big, small = split
+        return add(mul(mod(big, b // c), c), small)
     return _atom(Mod(rest, b))
 
 

@@ -202,6 +202,7 @@ def _plan_memory(steps: list[Any]) -> None:
         written.add(ids[0])
         layout.append(ids)
         st.buffers = [None] * len(ids)
+    b = None  # the loop variable would keep the last buffer alive
     gc.collect()
     alive: dict[int, Buffer] = dict(pinned)
     for bid, ref in refs.items():

@@ -286,6 +286,9 @@ def _reads_only_at(ast: lower.KernelAST, buf_name: str, index: ir.Expr) -> bool:
     return True
 
 
+_in_place: dict[tuple, lower.KernelAST] = {}
+
+
 def realize_into(value: Lazy, target: Lazy) -> None:
     """Compute ``value`` into ``target``'s buffer, in place where every element only reads
     its own position of the target (an optimizer update), else through a temporary."""
@@ -308,10 +311,17 @@ def realize_into(value: Lazy, target: Lazy) -> None:
     last = items[-1]
     if isinstance(last, KernelItem):
         ast = last.ast
-        names = {id(n.buffer): f"b{i + 1}" for i, n in enumerate(ast.inputs)}
-        name = names.get(id(target.buffer))
-        if name is None or (not ast.stages and _reads_only_at(ast, name, ast.out_index)):
-            launch = prepare(last, out=target.buffer)
+        names = {id(n.buffer): i for i, n in enumerate(ast.inputs)}
+        k = names.get(id(target.buffer))
+        if k is None or (not ast.stages and _reads_only_at(ast, f"b{k + 1}", ast.out_index)):
+            if k is not None:
+                key = (last.signature, "in place", k)
+                ast = _in_place.get(key) or _in_place.setdefault(
+                    key, lower.write_in_place(dataclasses.replace(ast, output=None), k))
+                ast = dataclasses.replace(ast, output=value,
+                                          inputs=last.ast.inputs[:k] + last.ast.inputs[k + 1:])
+            launch = prepare(KernelItem(ast, key if k is not None else last.signature),
+                             out=target.buffer)
             launch()
             if recording is not None:
                 recording.append(launch)

@@ -9,8 +9,9 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence, Union
+
+import numpy as np
 
 from anygpu import dtype as dt
 from anygpu.tensor import Tensor, arange, cat, rand, where
@@ -157,15 +158,448 @@ def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float = 0.
         def part(a: int, b: int) -> Tensor:
             return x.shrink([(a, b) if k == axis else (0, m) for k, m in enumerate(x.shape)])
 
-        pieces = []
         if mode == "circular":
             pieces = [part(n - before, n), x, part(0, after)]
         elif mode == "reflect":
             pieces = [part(1, before + 1).flip(axis), x, part(n - after - 1, n - 1).flip(axis)]
         else:
-            shape = lambda k: x.shape[:axis] + (k,) + x.shape[axis + 1:]  # noqa: E731
-            pieces = [part(0, 1).expand(shape(before)), x, part(n - 1, n).expand(shape(after))]
+            lead, tail = x.shape[:axis], x.shape[axis + 1:]
+            pieces = [part(0, 1).expand(lead + (before,) + tail), x,
+                      part(n - 1, n).expand(lead + (after,) + tail)]
         x = cat([p for p in pieces if p.shape[axis]], axis)
     return x
 
 
+def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+    return x.leaky_relu(negative_slope)
+
+
+def tanh(x: Tensor) -> Tensor:
+    return x.tanh()
+
+
+def _batched(x: Tensor, name: str) -> tuple[Tensor, bool]:
+    """(N, C, H, W) from a 3-D (C, H, W) or 4-D input, and whether a batch axis was added."""
+    if x.ndim == 3:
+        return x.unsqueeze(0), True
+    if x.ndim != 4:
+        raise ValueError(f"{name} expects a 3-D or 4-D input, got shape {x.shape}")
+    return x, False
+
+
+# ---- transposed convolution --------------------------------------------------------------------
+def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None,
+                     stride: IntPair = 1, padding: IntPair = 0, output_padding: IntPair = 0,
+                     groups: int = 1, dilation: IntPair = 1) -> Tensor:
+    """The gradient of ``conv2d`` with respect to its input, with weight (C_in, C_out/groups,
+    KH, KW): a stride-1 convolution over the input with ``stride - 1`` zeros between elements,
+    padded by ``dilation * (k - 1) - padding``, with the flipped, transposed weight."""
+    x, unbatched = _batched(input, "conv_transpose2d")
+    n, c, h, w = x.shape
+    if weight.ndim != 4 or weight.shape[0] != c:
+        raise ValueError(f"conv_transpose2d: weight {weight.shape} does not fit input {x.shape}")
+    if groups < 1 or c % groups:
+        raise ValueError(f"conv_transpose2d: groups={groups} must divide in_channels={c}")
+    _, og, kh, kw = weight.shape
+    (sh, sw), (ph, pw) = _pair(stride, "stride"), _pair(padding, "padding")
+    (oph, opw), (dh, dw) = _pair(output_padding, "output_padding"), _pair(dilation, "dilation")
+    if oph >= max(sh, dh) or opw >= max(sw, dw):
+        raise ValueError("output_padding must be smaller than either stride or dilation")
+    if sh > 1 or sw > 1:
+        x = x.reshape(n, c, h, 1, w, 1).pad([0, sw - 1, 0, 0, 0, sh - 1])
+        x = x.reshape(n, c, h * sh, w * sw).shrink(
+            [(0, n), (0, c), (0, (h - 1) * sh + 1), (0, (w - 1) * sw + 1)])
+    eh, ew = dh * (kh - 1) - ph, dw * (kw - 1) - pw
+    x = x.pad([ew, ew + opw, eh, eh + oph])
+    g = groups
+    wt = weight.reshape(g, c // g, og, kh, kw).transpose(1, 2).reshape(g * og, c // g, kh, kw)
+    out = _conv(x, wt.flip(2, 3), bias, (1, 1), (dh, dw), g)
+    return out.squeeze(0) if unbatched else out
+
+
+# ---- pooling -----------------------------------------------------------------------------------
+def _pool_size(size: int, k: int, pad: int, s: int, d: int, ceil_mode: bool) -> int:
+    """Output length, as PyTorch computes it (a last window that starts in the right padding
+    is dropped in ceil mode)."""
+    out = (size + 2 * pad - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + pad:
+        out -= 1
+    if out <= 0:
+        raise ValueError(f"pooling window {k} (padding {pad}, dilation {d}) does not fit an "
+                         f"input of size {size}")
+    return out
+
+
+def _pool_windows(x: Tensor, k: tuple[int, int], s: tuple[int, int], p: tuple[int, int],
+                  d: tuple[int, int], ceil_mode: bool, value: float
+                  ) -> tuple[Tensor, tuple[int, int]]:
+    """(N, C, OH, OW, KH*KW) windows of ``x`` padded with ``value``, and (OH, OW)."""
+    h, w = x.shape[2:]
+    oh = _pool_size(h, k[0], p[0], s[0], d[0], ceil_mode)
+    ow = _pool_size(w, k[1], p[1], s[1], d[1], ceil_mode)
+    # pad (or crop) the right side to exactly the extent the last window needs
+    rh = (oh - 1) * s[0] + d[0] * (k[0] - 1) + 1 - h - p[0]
+    rw = (ow - 1) * s[1] + d[1] * (k[1] - 1) + 1 - w - p[1]
+    xp = x.pad([p[1], rw, p[0], rh], value=value)
+    win = unfold2d(xp, k, s, d)
+    return win.reshape(win.shape[:4] + (k[0] * k[1],)), (oh, ow)
+
+
+def max_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None,
+               padding: IntPair = 0, dilation: IntPair = 1, ceil_mode: bool = False,
+               return_indices: bool = False) -> Any:
+    """Max over windows; with ``return_indices``, also each maximum's flat index into H*W."""
+    x, unbatched = _batched(input, "max_pool2d")
+    k = _pair(kernel_size, "kernel_size")
+    s = _pair(stride, "stride") if stride is not None and stride != [] else k
+    p, d = _pair(padding, "padding"), _pair(dilation, "dilation")
+    for kk, pp, dd in zip(k, p, d):
+        if pp > (dd * (kk - 1) + 1) // 2:
+            raise ValueError(f"pad should be at most half of effective kernel size, got "
+                             f"padding={p}, kernel_size={k} and dilation={d}")
+    low = float("-inf") if x.dtype.is_float else int(np.iinfo(x.dtype.np).min)
+    win, (oh, ow) = _pool_windows(x, k, s, p, d, ceil_mode, low)
+    out = win.amax(-1)
+    if not return_indices:
+        return out.squeeze(0) if unbatched else out
+    a = win.argmax(-1)  # offset in the window, row-major over (KH, KW)
+    rows = arange(oh, device=x.device).reshape(oh, 1) * s[0] - p[0] + (a // k[1]) * d[0]
+    cols = arange(ow, device=x.device).reshape(1, ow) * s[1] - p[1] + (a % k[1]) * d[1]
+    idx = rows * x.shape[3] + cols
+    return (out.squeeze(0), idx.squeeze(0)) if unbatched else (out, idx)
+
+
+def avg_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None,
+               padding: IntPair = 0, ceil_mode: bool = False, count_include_pad: bool = True,
+               divisor_override: int | None = None) -> Tensor:
+    """Mean over windows; the divisor counts the zero padding with ``count_include_pad`` but
+    never the extra windows of ``ceil_mode`` past the padding, as in PyTorch."""
+    x, unbatched = _batched(input, "avg_pool2d")
+    k = _pair(kernel_size, "kernel_size")
+    s = _pair(stride, "stride") if stride is not None and stride != [] else k
+    p = _pair(padding, "padding")
+    if p[0] > k[0] // 2 or p[1] > k[1] // 2:
+        raise ValueError(f"pad should be at most half of kernel size, got padding={p} and "
+                         f"kernel_size={k}")
+    win, (oh, ow) = _pool_windows(x, k, s, p, (1, 1), ceil_mode, 0.0)
+    total = win.sum(-1)
+    if divisor_override:
+        out = total / divisor_override
+    else:
+        sizes = []
+        for o, size, kk, ss, pp in zip((oh, ow), x.shape[2:], k, s, p):
+            start = arange(o, device=x.device, dtype=dt.int32) * ss - pp
+            end = (start + kk).minimum(size + pp)
+            if not count_include_pad:
+                start, end = start.maximum(0), end.minimum(size)
+            sizes.append((end - start).float())
+        div = sizes[0].reshape(oh, 1) * sizes[1].reshape(1, ow)
+        out = total / div.cast(total.dtype)
+    out = out.cast(x.dtype)
+    return out.squeeze(0) if unbatched else out
+
+
+def _adaptive_matrix(size: int, out: int, device: str) -> tuple[Tensor, Tensor]:
+    """(out, size) 0/1 matrix of which inputs each output averages, and the counts (out, 1):
+    window i covers [floor(i * size / out), ceil((i + 1) * size / out))."""
+    i = arange(out, device=device, dtype=dt.int32).reshape(out, 1)
+    j = arange(size, device=device, dtype=dt.int32).reshape(1, size)
+    start = (i * size) // out
+    end = ((i + 1) * size + out - 1) // out
+    mask = j.ge(start).logical_and(j.lt(end)).float()
+    return mask, (end - start).float()
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size: IntPair | Sequence[int | None]) -> Tensor:
+    """Average pooling to a fixed output size (``None`` keeps that input size)."""
+    x, unbatched = _batched(input, "adaptive_avg_pool2d")
+    h, w = x.shape[2:]
+    if isinstance(output_size, int) or output_size is None:
+        output_size = (output_size, output_size)
+    oh, ow = [n if o is None else int(o) for o, n in zip(output_size, (h, w))]
+    if (oh, ow) == (1, 1):
+        out = x.mean((2, 3), keepdim=True)
+    elif h % oh == 0 and w % ow == 0:
+        out = avg_pool2d(x, (h // oh, w // ow))
+    else:
+        mh, ch = _adaptive_matrix(h, oh, x.device)
+        mw, cw = _adaptive_matrix(w, ow, x.device)
+        xf = x.float()
+        out = mh.matmul(xf.matmul(mw.T)) / (ch * cw.reshape(1, ow))
+        out = out.cast(x.dtype)
+    return out.squeeze(0) if unbatched else out
+
+
+# ---- normalization -------------------------------------------------------------------------------
+def _moments(x: Tensor, axes: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """Mean and biased variance over ``axes`` (kept), computed in float32."""
+    xf = x.float()
+    mean = xf.mean(axes, keepdim=True)
+    diff = xf - mean
+    return mean, (diff * diff).mean(axes, keepdim=True)
+
+
+def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
+               weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
+               momentum: float | Tensor = 0.1, eps: float = 1e-5) -> Tensor:
+    """Normalize over every axis but the channels (axis 1). In training the batch statistics
+    are used and the running ones, when given, are updated in place (PyTorch's semantics) as
+    lazy values: nothing waits for the device."""
+    if input.ndim < 2:
+        raise ValueError(f"batch_norm expects at least 2 dimensions, got {input.shape}")
+    c = input.shape[1]
+    axes = tuple(a for a in range(input.ndim) if a != 1)
+    view = (1, c) + (1,) * (input.ndim - 2)
+    if training:
+        count = input.numel() // c
+        if count <= 1:
+            raise ValueError(f"Expected more than 1 value per channel when training, got input "
+                             f"size {input.shape}")
+        mean, var = _moments(input, axes)
+        if running_mean is not None or running_var is not None:
+            # the previous update is still a graph: compute it now (queued) so each step's
+            # update reads a buffer and the graph never grows from step to step
+            pending = [t for t in (running_mean, running_var) if t is not None]
+            if not all(t.lazy.realized for t in pending):
+                from anygpu.tensor import realize
+                realize(*pending)
+        with_bessel = var.detach() * (count / (count - 1))
+        for stat, new in ((running_mean, mean.detach()), (running_var, with_bessel)):
+            if stat is not None:
+                upd = Tensor(stat.lazy) * (1 - momentum) + new.reshape(c) * momentum
+                stat.lazy = upd.cast(stat.dtype).lazy
+    else:
+        if running_mean is None or running_var is None:
+            raise ValueError("batch_norm needs running_mean and running_var when not training")
+        mean = running_mean.float().reshape(view)
+        var = running_var.float().reshape(view)
+    out = (input.float() - mean) * (var + eps).rsqrt()
+    if weight is not None:
+        out = out * weight.reshape(view)
+    if bias is not None:
+        out = out + bias.reshape(view)
+    return out.cast(input.dtype)
+
+
+def layer_norm(input: Tensor, normalized_shape: int | Sequence[int], weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if input.shape[input.ndim - len(shape):] != shape:
+        raise ValueError(f"layer_norm: input {input.shape} does not end with {shape}")
+    axes = tuple(range(input.ndim - len(shape), input.ndim))
+    mean, var = _moments(input, axes)
+    out = (input.float() - mean) * (var + eps).rsqrt()
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out.cast(input.dtype)
+
+
+_EPS = {"float32": 1.1920928955078125e-07, "float16": 0.0009765625, "bfloat16": 0.0078125}
+
+
+def rms_norm(input: Tensor, normalized_shape: int | Sequence[int], weight: Tensor | None = None,
+             eps: float | None = None) -> Tensor:
+    """``x / sqrt(mean(x**2) + eps) * weight``; ``eps`` defaults to the dtype's machine
+    epsilon, as in PyTorch."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if input.shape[input.ndim - len(shape):] != shape:
+        raise ValueError(f"rms_norm: input {input.shape} does not end with {shape}")
+    if eps is None:
+        eps = _EPS.get(input.dtype.name, _EPS["float32"])
+    axes = tuple(range(input.ndim - len(shape), input.ndim))
+    xf = input.float()
+    out = xf * ((xf * xf).mean(axes, keepdim=True) + eps).rsqrt()
+    if weight is not None:
+        out = out * weight
+    return out.cast(input.dtype)
+
+
+def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """Normalize each sample over groups of ``C / num_groups`` channels (and all other axes)."""
+    if input.ndim < 2 or input.shape[1] % num_groups:
+        raise ValueError(f"group_norm: {num_groups} groups do not divide the channels of "
+                         f"{input.shape}")
+    n, c = input.shape[:2]
+    x = input.reshape(n, num_groups, -1)
+    mean, var = _moments(x, (2,))
+    out = ((x.float() - mean) * (var + eps).rsqrt()).reshape(input.shape)
+    view = (1, c) + (1,) * (input.ndim - 2)
+    if weight is not None:
+        out = out * weight.reshape(view)
+    if bias is not None:
+        out = out + bias.reshape(view)
+    return out.cast(input.dtype)
+
+
+# ---- embedding, dropout ------------------------------------------------------------------------
+def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None,
+              max_norm: float | None = None, norm_type: float = 2.0,
+              scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
+    """Rows of ``weight`` picked by the integer ``input``; the ``padding_idx`` row gets no
+    gradient."""
+    if max_norm is not None or scale_grad_by_freq:
+        raise NotImplementedError("embedding: max_norm and scale_grad_by_freq are not supported")
+    if not isinstance(input, Tensor):
+        input = Tensor(input, device=weight.device)
+    if input.dtype.is_float or input.dtype.is_bool:
+        raise TypeError(f"embedding indices must be integers, got {input.dtype.name}")
+    out = weight.index_select(0, input.reshape(-1)).reshape(input.shape + (weight.shape[1],))
+    if padding_idx is not None:
+        if padding_idx < 0:
+            padding_idx += weight.shape[0]
+        # same values; the detached branch keeps gradients away from the padding row
+        out = input.eq(padding_idx).unsqueeze(-1)._select(out.detach(), out)
+    return out
+
+
+def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+            ) -> Tensor:
+    """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)``."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0.0:
+        return input
+    if p == 1.0:
+        return input * 0
+    keep = rand(input.shape, device=input.device).ge(p)
+    return keep._select(input * (1.0 / (1.0 - p)), input._const_like(0))
+
+
+# ---- losses --------------------------------------------------------------------------------------
+def _reduce(loss: Tensor, reduction: str) -> Tensor:
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "mean":
+        return loss.mean()
+    raise ValueError(f"{reduction} is not a valid value for reduction")
+
+
+def _legacy(size_average: bool | None, reduce: bool | None, reduction: str) -> str:
+    if size_average is None and reduce is None:
+        return reduction
+    if reduce is False:
+        return "none"
+    return "sum" if size_average is False else "mean"
+
+
+def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
+             size_average: bool | None = None, ignore_index: int = -100,
+             reduce: bool | None = None, reduction: str = "mean") -> Tensor:
+    """``-input[n, target[n]] * weight[target[n]]``; 'mean' divides by the summed weights of
+    the targets that are not ``ignore_index``."""
+    reduction = _legacy(size_average, reduce, reduction)
+    if input.ndim == 1:  # unbatched (C,) with a scalar target
+        out = nll_loss(input.unsqueeze(0), target.reshape(1), weight, None, ignore_index, None,
+                       reduction)
+        return out.reshape(()) if reduction == "none" else out
+    if input.ndim < 2 or target.shape != input.shape[:1] + input.shape[2:]:
+        raise ValueError(f"nll_loss: target {target.shape} does not fit input {input.shape}")
+    if target.dtype.is_float or target.dtype.is_bool:
+        raise TypeError(f"nll_loss: target must hold class indices, got {target.dtype.name}")
+    keep = target.ne(ignore_index)
+    safe = keep._select(target, 0)
+    loss = -input.gather(1, safe.unsqueeze(1)).squeeze(1)
+    if weight is None:
+        loss = keep._select(loss, 0.0)
+        return loss.sum() / keep.sum().cast(loss.dtype) if reduction == "mean" \
+            else _reduce(loss, reduction)
+    w = keep._select(weight.gather(0, safe.reshape(-1)).reshape(safe.shape).cast(loss.dtype), 0.0)
+    loss = keep._select(loss * w, 0.0)
+    return loss.sum() / w.sum() if reduction == "mean" else _reduce(loss, reduction)
+
+
+def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                  size_average: bool | None = None, ignore_index: int = -100,
+                  reduce: bool | None = None, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    """``log_softmax`` over the class axis (1, or 0 for an unbatched input) then the negative
+    log likelihood of class-index targets, or of class probabilities when ``target`` is a
+    float tensor of the input's shape; PyTorch's weighting and label smoothing."""
+    reduction = _legacy(size_average, reduce, reduction)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
+    cdim = 0 if input.ndim == 1 else 1
+    n_classes = input.shape[cdim]
+    logp = input.log_softmax(cdim)
+    view = [1] * input.ndim
+    view[cdim] = n_classes
+    wv = weight.reshape(view).cast(logp.dtype) if weight is not None else None
+    if target.dtype.is_float and target.shape == input.shape:
+        t = target.cast(logp.dtype)
+        if label_smoothing > 0:
+            t = t * (1 - label_smoothing) + label_smoothing / n_classes
+        terms = logp * t if wv is None else logp * t * wv
+        if reduction == "mean":
+            return -terms.sum() / (input.numel() // n_classes)
+        return _reduce(-terms.sum(cdim), reduction)
+    nll = nll_loss(logp, target, weight, None, ignore_index, None, reduction)
+    if label_smoothing == 0:
+        return nll
+    keep = target.ne(ignore_index)
+    smooth = -(logp if wv is None else logp * wv).sum(cdim)
+    smooth = keep._select(smooth, 0.0)
+    if reduction == "mean":
+        if weight is not None:
+            safe = keep._select(target, 0)
+            tw = weight.gather(0, safe.reshape(-1)).reshape(safe.shape).cast(logp.dtype)
+            smooth = smooth.sum() / keep._select(tw, 0.0).sum()
+        else:
+            smooth = smooth.sum() / keep.sum().cast(logp.dtype)
+    else:
+        smooth = _reduce(smooth, reduction)
+    return (1 - label_smoothing) * nll + smooth * (label_smoothing / n_classes)
+
+
+def _weighted(loss: Tensor, weight: Tensor | None, reduction: str) -> Tensor:
+    if weight is None:
+        return _reduce(loss, reduction)
+    if weight.shape != loss.shape:
+        raise ValueError("Weights and input must have the same size.")
+    loss = loss * weight
+    return loss.sum() / weight.sum() if reduction == "mean" else _reduce(loss, reduction)
+
+
+def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None,
+             reduce: bool | None = None, reduction: str = "mean",
+             weight: Tensor | None = None) -> Tensor:
+    diff = input - target
+    return _weighted(diff * diff, weight, _legacy(size_average, reduce, reduction))
+
+
+def l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None,
+            reduce: bool | None = None, reduction: str = "mean",
+            weight: Tensor | None = None) -> Tensor:
+    return _weighted((input - target).abs(), weight, _legacy(size_average, reduce, reduction))
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                                     size_average: bool | None = None, reduce: bool | None = None,
+                                     reduction: str = "mean", pos_weight: Tensor | None = None
+                                     ) -> Tensor:
+    """Sigmoid and binary cross entropy in one stable expression:
+    ``(1 - t) * x + (1 + (pos_weight - 1) * t) * softplus(-x)``."""
+    reduction = _legacy(size_average, reduce, reduction)
+    if target.shape != input.shape:
+        raise ValueError(f"Target size ({target.shape}) must be the same as input size "
+                         f"({input.shape})")
+    x, t = input, target.cast(input.dtype)
+    softplus_neg = (-x).maximum(0) + (-x.abs()).exp().log1p()
+    if pos_weight is not None:
+        loss = (1 - t) * x + ((pos_weight - 1) * t + 1) * softplus_neg
+    else:
+        loss = (1 - t) * x + softplus_neg
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+__all__ = ["conv2d", "conv_transpose2d", "linear", "relu", "gelu", "silu", "sigmoid", "tanh",
+           "leaky_relu", "softmax", "log_softmax", "pad", "unfold2d", "where", "max_pool2d",
+           "avg_pool2d", "adaptive_avg_pool2d", "batch_norm", "layer_norm", "rms_norm",
+           "group_norm", "embedding", "dropout", "cross_entropy", "nll_loss", "mse_loss",
+           "l1_loss", "binary_cross_entropy_with_logits"]

@@ -25,7 +25,7 @@ import numpy as np
 
 from anygpu import dtype as dt
 from anygpu.runtime.registry import canonical
-from anygpu.tensor import Tensor, realize
+from anygpu.tensor import Tensor, realize, zeros_like
 
 
 class Parameter(Tensor):
@@ -52,6 +52,12 @@ class Parameter(Tensor):
 class _IncompatibleKeys(NamedTuple):
     missing_keys: list[str]
     unexpected_keys: list[str]
+
+    def __repr__(self) -> str:
+        if not self.missing_keys and not self.unexpected_keys:
+            return "<All keys matched successfully>"
+        return (f"_IncompatibleKeys(missing_keys={self.missing_keys}, "
+                f"unexpected_keys={self.unexpected_keys})")
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
@@ -339,7 +345,7 @@ class Module:
             if set_to_none:
                 p.grad = None
             else:
-                p.grad = Tensor(p.grad.lazy)._const_like(0).contiguous().realize()
+                p.grad = zeros_like(p.grad)
 
     def apply(self, fn: Callable[["Module"], None]) -> "Module":
         """Call ``fn`` on every submodule (children first), then on this module."""
@@ -353,11 +359,13 @@ class Module:
         """Replace every parameter's and buffer's data (and gradient) by ``fn`` of it, keeping
         the Tensor objects, so optimizers holding them stay valid."""
         moved: list[Tensor] = []
+        seen: set[int] = set()
         for m in self.modules():
             for table in (m._parameters, m._buffers):
                 for t in table.values():
-                    if t is None or any(t is x for x in moved):
+                    if t is None or id(t) in seen:
                         continue
+                    seen.add(id(t))
                     t.lazy = fn(Tensor(t.lazy)).lazy
                     moved.append(t)
                     if t.grad is not None:

@@ -1,0 +1,123 @@
+"""``anygpu demo``: train a small CNN on scikit-learn's handwritten digits (shipped offline).
+
+1797 8x8 grey images of the digits 0-9; 80% train, 20% test. The training step (forward,
+backward, Adam update) is captured once with ``anygpu.jit`` and replayed for every batch.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import numpy as np
+
+import anygpu as ag
+from anygpu import nn
+from anygpu.nn import functional as F
+
+
+def load_digits() -> tuple[np.ndarray, np.ndarray]:
+    try:
+        from sklearn.datasets import load_digits as sk_load
+    except ImportError as err:
+        raise SystemExit("anygpu demo needs scikit-learn for its dataset: "
+                         "pip install scikit-learn") from err
+    data = sk_load()
+    images = (data.images.astype(np.float32) / 16.0 - 0.5) / 0.5
+    return images[:, None, :, :], data.target.astype(np.int64)
+
+
+def make_model() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 64), nn.ReLU(),
+        nn.Linear(64, 10),
+    )
+
+
+def best_device() -> str:
+    """The first working GPU backend, else the cpu."""
+    from anygpu.runtime.registry import get_device
+
+    for name in ("cuda", "hip", "opencl", "webgpu"):
+        try:
+            dev = get_device(name)
+        except Exception:
+            continue
+        if name == "opencl" and "cpu" in dev.info.name.lower():
+            continue  # OpenCL on the CPU is slower than the cpu backend
+        if name == "webgpu" and dev.info.extra.get("adapter_type", "").lower() == "cpu":
+            continue
+        return dev.name
+    return "cpu"
+
+
+def _progress(epoch: int, epochs: int, done: int, total: int, loss: float) -> None:
+    width = 24
+    filled = int(width * done / total)
+    bar = "#" * filled + "." * (width - filled)
+    sys.stdout.write(f"\repoch {epoch + 1:2d}/{epochs} [{bar}] {done:4d}/{total} "
+                     f"loss {loss:.4f}")
+    sys.stdout.flush()
+
+
+def run(device: str | None = None, epochs: int = 8, batch_size: int = 64, lr: float = 3e-3,
+        seed: int = 0) -> float:
+    """Train and return the test accuracy."""
+    device = device or best_device()
+    ag.manual_seed(seed)
+    images, labels = load_digits()
+    order = np.random.default_rng(seed).permutation(len(images))
+    split = int(0.8 * len(images))
+    train_idx, test_idx = order[:split], order[split:]
+    model = make_model().to(device)
+    opt = ag.optim.Adam(model.parameters(), lr=lr)
+    sched = ag.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
+    print(f"device: {ag.get_device(device).name} ({ag.get_device(device).info.name})")
+    print(f"data: {len(train_idx)} training and {len(test_idx)} test images of 8x8 digits")
+
+    @ag.jit
+    def train_step(x: ag.Tensor, y: ag.Tensor) -> ag.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    steps = len(train_idx) // batch_size  # full batches only: one captured shape
+    rng = np.random.default_rng(seed + 1)
+    seen, train_time = 0, 0.0
+    for epoch in range(epochs):
+        model.train()
+        perm = rng.permutation(train_idx)
+        start = time.perf_counter()
+        losses = []
+        for s in range(steps):
+            idx = perm[s * batch_size:(s + 1) * batch_size]
+            x = ag.tensor(images[idx], device=device)
+            y = ag.tensor(labels[idx], device=device)
+            loss = train_step(x, y)  # a replay reuses its output buffer: read it now
+            if s % 4 == 3 or s == steps - 1:
+                losses.append(loss.item())
+                _progress(epoch, epochs, (s + 1) * batch_size, steps * batch_size, losses[-1])
+        mean_loss = float(np.mean(losses[-3:]))
+        train_time += time.perf_counter() - start
+        seen += steps * batch_size
+        sched.step()
+        sys.stdout.write(f"\repoch {epoch + 1:2d}/{epochs} loss {mean_loss:.4f} "
+                         f"({seen / train_time:.0f} images/s)" + " " * 30 + "\n")
+    model.eval()
+    correct = 0
+    with ag.no_grad():
+        for s in range(0, len(test_idx), 256):
+            idx = test_idx[s:s + 256]
+            pred = model(ag.tensor(images[idx], device=device)).argmax(1).numpy()
+            correct += int((pred == labels[idx]).sum())
+    accuracy = correct / len(test_idx)
+    print(f"training: {seen / train_time:.0f} images/s on {ag.get_device(device).name}")
+    print(f"test accuracy {math.floor(accuracy * 1000) / 1000:.3f}")
+    return accuracy

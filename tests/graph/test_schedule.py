@@ -1,0 +1,152 @@
+"""Kernel counts: what the scheduler fuses. Nothing here runs a kernel (inputs are uploaded to
+the cpu device, which needs no compiler for that)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import anygpu as ag
+from anygpu.graph import schedule as sched
+from anygpu.graph.schedule import CopyItem, KernelItem, count_kernels
+
+
+def t(*shape: int) -> ag.Tensor:
+    return ag.tensor(np.ones(shape, np.float32))
+
+
+def kernels(*outs: ag.Tensor) -> int:
+    return count_kernels([o.lazy for o in outs])
+
+
+def test_elementwise_and_reduction_fuse() -> None:
+    a, b, c = t(4, 5), t(4, 5), t(5)
+    assert kernels(((a * b) + c).relu().sum(1)) == 1
+
+
+def test_elementwise_chain_is_one_kernel() -> None:
+    a, b = t(3, 4), t(4)
+    assert kernels((((a * 2 + 1).exp() - b) / 3).sqrt()) == 1
+    assert kernels(a.sigmoid().gelu().tanh().erf()) == 1
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_softmax_is_one_kernel(axis: int) -> None:
+    x = t(3, 4, 5)
+    assert kernels(x.softmax(axis)) == 1
+    assert kernels(x.log_softmax(axis)) == 1
+
+
+def test_reductions_of_one_axis_are_one_kernel() -> None:
+    x = t(3, 4, 5)
+    for out in (x.sum(1), x.mean(-1), x.amax(0), x.var(1), x.std(), x.logsumexp(2),
+                x.argmax(1), x.sum((0, 2)), x.prod(1), x.all(), x.any(1)):
+        assert kernels(out) == 1
+
+
+def test_reduction_of_a_reduction_is_two_kernels() -> None:
+    x = t(3, 4, 5)
+    assert kernels(x.sum(0).sum(0)) == 2
+    assert kernels(x.sum(2).amax(1)) == 2
+    assert kernels(x.mean(1, keepdim=True).softmax(0)) == 2
+
+
+def test_layernorm_is_one_kernel() -> None:
+    x = t(3, 4, 5)
+    mean = x.mean(-1, keepdim=True)
+    var = x.var(-1, keepdim=True, correction=0)
+    assert kernels((x - mean) / (var + 1e-5).sqrt() * 2 + 1) == 1
+
+
+@pytest.mark.parametrize("a,b", [((3, 4), (4, 6)), ((4,), (4,)), ((4,), (4, 6)), ((3, 4), (4,)),
+                                 ((2, 3, 4), (4, 6)), ((2, 3, 4), (2, 4, 6)),
+                                 ((5, 1, 3, 4), (2, 4, 6))])
+def test_matmul_is_one_kernel(a: tuple, b: tuple) -> None:
+    assert kernels(t(*a) @ t(*b)) == 1
+
+
+def test_matmul_with_fused_epilogue() -> None:
+    x, w, bias = t(3, 4), t(4, 6), t(6)
+    assert kernels((x @ w + bias).relu()) == 1
+
+
+def test_cat_and_stack_are_one_kernel() -> None:
+    a, b, c = t(2, 3), t(4, 3), t(1, 3)
+    assert kernels(ag.cat([a, b, c])) == 1
+    assert kernels(ag.cat([a * 2, b.exp(), c + 1], 0)) == 1
+    assert kernels(ag.stack([a, a * 2, a.sqrt()], 1)) == 1
+
+
+def test_movement_is_free() -> None:
+    x = t(2, 3, 4)
+    assert kernels(x.permute(2, 0, 1).reshape(4, 6)[1:, ::2].flip(0).pad((1, 0)) * 2) == 1
+
+
+def test_contiguous_is_a_boundary() -> None:
+    x = t(3, 4)
+    assert kernels(x.T.contiguous() + 1) == 2
+    assert kernels(x.contiguous()) == 1
+
+
+def test_realized_tensors_need_no_kernel() -> None:
+    x = t(3, 4)
+    assert kernels(x) == 0
+    y = (x * 2).realize()
+    assert kernels(y) == 0
+    assert kernels(y + 1) == 1
+    assert kernels(ag.rand(3)) == 0  # rand realizes
+
+
+def test_reduction_broadcast_back_fuses() -> None:
+    x = t(3, 4)
+    big = x.sum(0).reshape(1, 4).expand(3, 4)
+    assert kernels(x * big) == 1  # two passes over x in one kernel, as softmax
+    assert kernels(x * big, x + big) == 2
+
+
+def test_shared_inputs_are_scheduled_once() -> None:
+    x = t(3, 4)
+    s = x.T.contiguous()
+    assert kernels(s + 1, s * 2, s.sum(0)) == 4
+    assert kernels(s + 1) == 2
+
+
+def test_schedule_orders_dependencies_first() -> None:
+    x = t(3, 4)
+    out = x.sum(0).sum(0) + 1
+    items = sched.schedule([out.lazy])
+    assert all(isinstance(i, KernelItem) for i in items)
+    assert len(items) == 2
+    first, second = items
+    assert first.output in second.ast.inputs
+    assert second.output is out.lazy
+
+
+def test_copies_are_not_kernels() -> None:
+    try:
+        ag.get_device("webgpu")
+        other = "webgpu"
+    except ag.BackendUnavailable:
+        try:
+            ag.get_device("opencl")
+            other = "opencl"
+        except ag.BackendUnavailable:
+            pytest.skip("needs a second device")
+    x = t(3, 4)
+    moved = x.to(other)
+    items = sched.schedule([moved.lazy])
+    assert len(items) == 1 and isinstance(items[0], CopyItem)
+    assert kernels(moved) == 0
+    assert kernels((x * 2).to(other) + 1) == 2
+
+
+def test_same_structure_twice_schedules_the_same() -> None:
+    a, b = t(3, 4), t(3, 4)
+    first = sched.schedule([(a * b + 1).sum(1).lazy])
+    c, d = t(3, 4), t(3, 4)
+    second = sched.schedule([(c * d + 1).sum(1).lazy])
+    assert len(first) == len(second) == 1
+    k1, k2 = first[0], second[0]
+    assert isinstance(k1, KernelItem) and isinstance(k2, KernelItem)
+    assert [n.buffer for n in k2.ast.inputs] == [c.lazy.buffer, d.lazy.buffer]
+    assert k2.ast.output is not k1.ast.output
