@@ -8,7 +8,8 @@ the device-parametrized tests run on; by default every backend that is available
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest

@@ -6,8 +6,8 @@ compile caches warm. Values come from a hypothesis-drawn seed.
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -999,11 +999,11 @@ def test_dtype_errors(device: str) -> None:
     with pytest.raises(TypeError, match="bitwise"):
         f << 1
     with pytest.raises(TypeError, match="~ needs an integer or bool"):
-        ~f
+        _ = ~f
     with pytest.raises(TypeError, match="subtraction of bool"):
         b - b
     with pytest.raises(TypeError, match="negation of a bool"):
-        -b
+        _ = -b
     with pytest.raises(TypeError, match="no anygpu equivalent"):
         f + "1"
 

@@ -301,31 +301,23 @@ def build_kernel(spec: KernelSpec) -> KernelAST:
     """Lower a kernel spec, merging adjacent axes wherever every index keeps them together."""
     dt = _index_dtype(spec)
     groups = _initial_groups(spec)
-    first = _Builder(spec, groups, dt).build()
-    lins = first.lins
-    # try to merge each group with the next one (same kind) until nothing changes
-    names = [d[0] for d in first.dims]
+    best = _Builder(spec, groups, dt).build()
+    R = set(spec.reduce_axes)
+    # try to merge each group with the next one (same kind), innermost first. Each trial is
+    # lowered again from the root: the indices then simplify along the same path as the final
+    # kernel's (a reshape to (4, 6) of a (2, 3, 4) buffer is a flat index only when built so)
     k = len(groups) - 2
     while k >= 0:
         a, b = groups[k], groups[k + 1]
-        R = set(spec.reduce_axes)
         if (a[0] in R) == (b[0] in R):
-            na = math.prod(spec.shape[x] for x in a)
-            nb = math.prod(spec.shape[x] for x in b)
-            merged = sym.Var("m", na * nb)
-            mapping = {sym.Var(names[k], na): sym.div(sym.var("m", na * nb), nb),
-                       sym.Var(names[k + 1], nb): sym.mod(sym.var("m", na * nb), nb)}
-            trial = [sym.substitute(lin, mapping) for lin in lins]
-            if not any(sym.has_divmod_of(lin, merged) for lin in trial):
-                groups[k:k + 2] = [a + b]
-                names[k:k + 2] = ["m"]
-                lins = trial
-                # rename the merged variable to a fresh name so the next merge can find it
-                fresh = f"g{len(groups)}_{k}"
-                lins = [sym.substitute(lin, {merged: sym.var(fresh, na * nb)}) for lin in lins]
-                names[k] = fresh
+            trial = groups[:k] + [a + b] + groups[k + 2:]
+            ast = _Builder(spec, trial, dt).build()
+            name, size, _ = ast.dims[k]
+            merged = sym.Var(name, size)
+            if not any(sym.has_divmod_of(lin, merged) for lin in ast.lins):
+                groups, best = trial, ast
         k -= 1
-    return _Builder(spec, groups, dt).build()
+    return best
 
 
 def write_in_place(ast: KernelAST, k: int) -> KernelAST:

@@ -43,7 +43,7 @@ class Div:
         return lo // self.b, hi // self.b
 
     def __str__(self) -> str:
-        return f"({self.a}//{self.b})"
+        return f"({_operand(self.a)}//{self.b})"
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,15 @@ class Mod:
         return 0, self.b - 1
 
     def __str__(self) -> str:
-        return f"({self.a}%{self.b})"
+        return f"({_operand(self.a)}%{self.b})"
 
 
 Atom = Union[Var, Div, Mod]
+
+
+def _operand(x: "Lin") -> str:
+    """``x`` as the operand of // or %: a sum in parentheses."""
+    return f"({x})" if len(x.terms) + bool(x.const) > 1 else str(x)
 
 
 def _key(atom: Atom) -> str:
@@ -143,7 +148,7 @@ def _build(coeffs: dict[Atom, int], c: int) -> Lin:
         changed = False
         for atom, k in list(coeffs.items()):
             if isinstance(atom, Mod) and k:
-                partner = Div(atom.a, atom.b)
+                partner = _div_atom(atom.a, atom.b)
                 if coeffs.get(partner, 0) == k * atom.b:
                     del coeffs[atom], coeffs[partner]
                     for a2, c2 in atom.a.terms:
@@ -153,6 +158,14 @@ def _build(coeffs: dict[Atom, int], c: int) -> Lin:
                     break
     terms = tuple(sorted(((a, k) for a, k in coeffs.items() if k), key=lambda t: _key(t[0])))
     return Lin(terms, c)
+
+
+def _div_atom(a: Lin, b: int) -> Atom:
+    """The atom that ``a // b`` simplifies to, as div() builds it: (f//4)//3 is f//12."""
+    q = div(a, b)
+    if q.const == 0 and len(q.terms) == 1 and q.terms[0][1] == 1:
+        return q.terms[0][0]
+    return Div(a, b)
 
 
 def add(x: "Lin | int", y: "Lin | int") -> Lin:

@@ -456,12 +456,12 @@ class Module:
         unexpected = [k for k in state_dict if k not in known]
         errors: list[str] = []
         if strict:
-            if unexpected:
-                errors.append("Unexpected key(s) in state_dict: "
-                              + ", ".join(f'"{k}"' for k in unexpected) + ". ")
             if missing:
                 errors.append("Missing key(s) in state_dict: "
                               + ", ".join(f'"{k}"' for k in missing) + ". ")
+            if unexpected:
+                errors.append("Unexpected key(s) in state_dict: "
+                              + ", ".join(f'"{k}"' for k in unexpected) + ". ")
         plan: list[tuple[Tensor, Any]] = []
         for key, target, _ in targets:
             if key not in state_dict:

@@ -48,8 +48,8 @@ def _to_bytes(value: Any) -> tuple[str, np.ndarray]:
     if isinstance(value, Tensor):
         host = value.numpy()
         if value.dtype == dt.bfloat16:  # float32 values that are exact bfloat16s: keep top bits
-            bits = np.ascontiguousarray(host, dtype=np.float32).view(np.uint32) >> 16
-            return "BF16", bits.astype("<u2")
+            bits = np.asarray(host, dtype=np.float32).view(np.uint32) >> 16
+            return "BF16", bits.astype("<u2", order="C")
         value = host
     elif hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor
         value = Tensor(value)
@@ -58,7 +58,7 @@ def _to_bytes(value: Any) -> tuple[str, np.ndarray]:
     name = _NUMPY_NAMES.get(arr.dtype)
     if name is None:
         raise TypeError(f"cannot store an array of dtype {arr.dtype} in safetensors")
-    return name, np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False)
+    return name, arr.astype(arr.dtype.newbyteorder("<"), order="C", copy=False)
 
 
 def save_file(tensors: Mapping[str, Any], filename: str | os.PathLike,

@@ -66,9 +66,11 @@ def random_bits(n: int, device: str | None) -> Any:
     return bits
 
 
-def _uniform(n: int, device: str | None) -> Any:
-    bits = random_bits(n, device)
-    return (bits >> 8).cast(dt.float32) * (1.0 / (1 << 24))  # 24 bits: exact in float32
+def _uniform(n: int, device: str | None, bits: int = 24) -> Any:
+    """k / 2**bits for uniform k < 2**bits: exact in a float of ``bits`` significand bits, so
+    rounding to one never reaches 1.0 (float32 has 24, float16 11, bfloat16 8)."""
+    raw = random_bits(n, device)
+    return (raw >> (32 - bits)).cast(dt.float32) * (1.0 / (1 << bits))
 
 
 def rand(shape: tuple[int, ...], dtype: Any, device: str | None) -> Any:
@@ -77,7 +79,8 @@ def rand(shape: tuple[int, ...], dtype: Any, device: str | None) -> Any:
     if not d.is_float:
         raise TypeError(f"rand needs a floating-point dtype, got {d.name}")
     n = math.prod(shape)
-    return _uniform(n, device).reshape(shape).cast(d).contiguous().realize().detach()
+    bits = {dt.float16: 11, dt.bfloat16: 8}.get(d, 24)
+    return _uniform(n, device, bits).reshape(shape).cast(d).contiguous().realize().detach()
 
 
 def randn(shape: tuple[int, ...], dtype: Any, device: str | None) -> Any:

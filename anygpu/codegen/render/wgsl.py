@@ -63,8 +63,9 @@ class WGSLRenderer(CStyleRenderer):
         t = self.types[dtype]
         return f"for (var {name}: {t} = {start}; {name} < {stop}; {name} += {step}) {{"
 
-    def local_array(self, st: ir.LocalArray) -> str:
-        return ""  # declared at module scope in render()
+    def stmt(self, st: ir.Stmt) -> None:
+        if not isinstance(st, ir.LocalArray):  # those are declared at module scope in render()
+            super().stmt(st)
 
     def select(self, c: str, a: str, b: str) -> str:
         return f"select({b}, {a}, {c})"

@@ -1,0 +1,184 @@
+"""Rendered kernel source for every dialect, against golden files in ``snapshots/``.
+
+Run with ``ANYGPU_UPDATE_SNAPSHOTS=1`` to rewrite the golden files after an intended change to
+the generated code, and review the diff. No device runs anything here: the graphs' inputs live
+on the cpu device, and lowering and rendering need no compiler.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import anygpu as ag
+from anygpu.codegen import ir, lower
+from anygpu.codegen.render.cstyle import render
+from anygpu.codegen.render.wgsl import MAX_GROUPS_X, launch_groups
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+DIALECTS = ["c", "opencl", "cuda", "wgsl"]
+MAX_LOCAL = {"c": 1, "opencl": 256, "cuda": 1024, "wgsl": 256}
+
+
+def t(shape: tuple[int, ...], dtype: ag.DType = ag.float32, start: int = 0) -> ag.Tensor:
+    data = (np.arange(int(np.prod(shape))) % 7 + start).reshape(shape)
+    return ag.tensor(data, dtype=dtype)
+
+
+def _elementwise() -> ag.Tensor:
+    return (t((3, 4)) * t((3, 4), start=1) + 1).relu()
+
+
+def _broadcast_where() -> ag.Tensor:
+    x, y = t((2, 3, 5)), t((3, 1), start=2)
+    return ag.where(x > y, x - y, (x * 0.5).exp())
+
+
+def _row_sum() -> ag.Tensor:
+    return t((4, 33)).sum(1)
+
+
+def _softmax() -> ag.Tensor:
+    return t((3, 5)).softmax(-1)
+
+
+def _column_sum() -> ag.Tensor:
+    return t((8, 4096)).sum(0)  # many outputs, reduce axis outer: one thread per output
+
+
+def _int8_pad_argmax() -> ag.Tensor:
+    x = t((3, 6), ag.int8)
+    return (x * 100).pad((1, 2), value=-1).argmax(1)
+
+
+def _half() -> ag.Tensor:
+    return (t((16,), ag.float16) * 1.5).sqrt().half()
+
+
+def _bfloat16() -> ag.Tensor:
+    return (t((16,), ag.bfloat16) + t((16,), ag.float32)).bfloat16()
+
+
+def _gather() -> ag.Tensor:
+    x = t((5, 4)).contiguous().realize()
+    return x.gather(0, ag.tensor([[4, 0, 1, 3], [2, 2, 2, 2]], dtype=ag.int32))
+
+
+GRAPHS: dict[str, Callable[[], ag.Tensor]] = {
+    "elementwise": _elementwise, "broadcast_where": _broadcast_where, "row_sum": _row_sum,
+    "softmax": _softmax, "column_sum": _column_sum, "int8_pad_argmax": _int8_pad_argmax,
+    "half": _half, "bfloat16": _bfloat16, "gather": _gather,
+}
+
+
+def kernel_for(graph: str, dialect: str) -> ir.Kernel:
+    """The last kernel of the graph (the one producing the output), lowered for ``dialect``."""
+    out = GRAPHS[graph]()
+    from anygpu.graph.schedule import KernelItem, schedule
+
+    items = [i for i in schedule([out.lazy]) if isinstance(i, KernelItem)]
+    ast = lower.build_kernel(lower.choose_spec(items[-1].output))
+    return lower.to_ir(ast, dialect, MAX_LOCAL[dialect])
+
+
+def source(graph: str, dialect: str) -> str:
+    return render(kernel_for(graph, dialect), dialect)
+
+
+def assert_snapshot(name: str, text: str) -> None:
+    """``text`` equals the golden file ``snapshots/<name>.txt`` (rewritten when
+    ANYGPU_UPDATE_SNAPSHOTS=1)."""
+    path = SNAPSHOTS / f"{name}.txt"
+    if os.environ.get("ANYGPU_UPDATE_SNAPSHOTS") == "1":
+        SNAPSHOTS.mkdir(exist_ok=True)
+        path.write_text(text)
+        return
+    if not path.exists():
+        pytest.fail(f"no snapshot {path}; run with ANYGPU_UPDATE_SNAPSHOTS=1 to write it")
+    want = path.read_text()
+    assert text == want, f"{name} differs from {path} (ANYGPU_UPDATE_SNAPSHOTS=1 rewrites it)"
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("graph", list(GRAPHS))
+def test_snapshot(graph: str, dialect: str) -> None:
+    if graph == "bfloat16" and dialect == "wgsl":
+        with pytest.raises(TypeError, match="bfloat16"):
+            source(graph, dialect)
+        return
+    assert_snapshot(f"{graph}_{dialect}", source(graph, dialect))
+
+
+def test_rendering_is_deterministic() -> None:
+    for dialect in DIALECTS:
+        assert source("softmax", dialect) == source("softmax", dialect)
+
+
+def test_c_facts() -> None:
+    text = source("elementwise", "c")
+    assert text.startswith("#include <math.h>")
+    assert "void e_12(float* restrict b0, const float* restrict b1" in text
+    assert "#pragma omp" not in text  # too small to be worth threads
+    big = source("column_sum", "c")
+    assert "#pragma omp parallel for schedule(static)" in big
+    assert "bf16_to_f32" in source("bfloat16", "c")
+    assert "_Float16" in source("half", "c")
+
+
+def test_opencl_facts() -> None:
+    text = source("row_sum", "opencl")
+    assert "__kernel __attribute__((reqd_work_group_size(" in text
+    assert "__global float* restrict b0, __global const float* restrict b1" in text
+    assert "__local float lmem0[" in text and "barrier(CLK_LOCAL_MEM_FENCE);" in text
+    assert "get_group_id(0)" in text and "get_local_id(0)" in text
+    half = source("half", "opencl")
+    assert "vload_half(" in half and "vstore_half_rte(" in half
+    assert "bf16_to_f32" in source("bfloat16", "opencl")
+
+
+def test_cuda_facts() -> None:
+    text = source("row_sum", "cuda")
+    assert 'extern "C" __global__ void __launch_bounds__(' in text
+    assert "__shared__ float lmem0[" in text and "__syncthreads();" in text
+    assert "blockIdx.x" in text and "threadIdx.x" in text
+    assert "float* __restrict__ b0" in text
+    half = source("half", "cuda")
+    assert half.startswith("#include <cuda_fp16.h>") and "__half2float(" in half
+    assert "#include <cuda_bf16.h>" in source("bfloat16", "cuda")
+    assert "#include" not in text
+    hip = render(kernel_for("half", "cuda"), "hip")
+    assert hip.startswith("#include <hip/hip_fp16.h>")
+
+
+def test_wgsl_facts() -> None:
+    text = source("row_sum", "wgsl")
+    assert "@compute @workgroup_size(" in text
+    assert "@group(0) @binding(0) var<storage, read_write> b0: array<f32>;" in text
+    assert "@group(0) @binding(1) var<storage, read> b1: array<f32>;" in text
+    assert "var<workgroup> lmem0: array<f32, " in text and "workgroupBarrier();" in text
+    assert text.count("fn ") == 1
+    half = source("half", "wgsl")
+    assert half.startswith("enable f16;") and "array<f16>" in half
+    i8 = source("int8_pad_argmax", "wgsl")
+    assert "array<i32>" in i8  # 8-bit values live in 32-bit words
+    assert "<< 24u) >> 24u)" in i8  # and wrap explicitly
+
+
+def test_wgsl_folds_large_launches() -> None:
+    assert launch_groups(10) == (10, 1)
+    assert launch_groups(MAX_GROUPS_X) == (MAX_GROUPS_X, 1)
+    assert launch_groups(MAX_GROUPS_X + 1) == (MAX_GROUPS_X, 2)
+    store = ir.Store("b0", ir.special("gid"), ir.const(1.0, ag.float32))
+    big = ir.Kernel("k", [ir.Param("b0", ag.float32, True)], [store], MAX_GROUPS_X + 7, 1)
+    assert f"if (gidx >= {MAX_GROUPS_X + 7}i) {{ return; }}" in render(big, "wgsl")
+    assert "if (gidx" not in render(kernel_for("elementwise", "wgsl"), "wgsl")
+
+
+def test_unknown_dialect() -> None:
+    kernel = kernel_for("elementwise", "c")
+    with pytest.raises(ValueError, match="no renderer for dialect 'metal'"):
+        render(kernel, "metal")

@@ -1,0 +1,65 @@
+"""matmul against NumPy: vectors, matrices, batched broadcasts, integer and half types."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import anygpu as ag
+from anygpu.dtype import DType
+from anygpu.ops.linalg import outer
+
+seeds = st.integers(0, 2**32 - 1)
+SHAPES = [((4,), (4,)), ((4,), (4, 3)), ((2, 4), (4,)), ((3, 4), (4, 5)), ((1, 33), (33, 2)),
+          ((2, 3, 4), (4, 5)), ((3, 4), (2, 4, 5)), ((2, 1, 3, 4), (5, 4, 2)), ((4,), (2, 4, 3)),
+          ((2, 3, 4), (4,))]
+
+
+@pytest.mark.parametrize("dtype", [ag.float32, ag.float16, ag.bfloat16, ag.int32, ag.int64,
+                                   ag.int8])
+@given(seed=seeds, shapes=st.sampled_from(SHAPES))
+def test_matmul(device: str, dtype: DType, seed: int, shapes: tuple, make: Any,
+                check: Any) -> None:
+    kw = {"low": -1.0, "high": 1.0} if dtype.is_float else {"low": -5, "high": 5}
+    a, ta = make(shapes[0], dtype, seed, device, **kw)
+    b, tb = make(shapes[1], dtype, seed + 1, device, **kw)
+    af, bf = a.astype(np.float64), b.astype(np.float64)
+    ref = np.matmul(af, bf)
+    if dtype == ag.int8:
+        ref = np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(np.int8)  # wraps
+    k = shapes[0][-1]
+    # sums of k products: the tolerance of one rounding, scaled by the number of terms
+    tol = {} if not dtype.is_float else {"atol": {ag.float32: 1e-5, ag.float16: 2e-3,
+                                                  ag.bfloat16: 2e-2}[dtype] * max(k / 8, 1)}
+    check(ta @ tb, ref, dtype, **tol)
+    check(ta.matmul(tb), ref, dtype, **tol)
+
+
+@given(seed=seeds)
+def test_matmul_promotes_and_fuses(device: str, seed: int, make: Any, check: Any) -> None:
+    a, ta = make((3, 4), ag.int32, seed, device)
+    b, tb = make((4, 2), ag.float32, seed + 1, device)
+    check(ta @ tb, a.astype(np.float64) @ b, ag.float32)
+    check((tb.T @ ta.T.float() + 1).relu(), np.maximum(b.T @ a.T.astype(np.float64) + 1, 0),
+          ag.float32)
+    check(ta.dot(ta[0]), a.astype(np.int64) @ a[0], ag.int32)
+    check(outer(ta[0], tb[:, 0]), np.outer(a[0], b[:, 0]), ag.float32)
+    check(b.T @ tb, b.T.astype(np.float64) @ b, ag.float32)  # a NumPy array on the left
+
+
+def test_matmul_errors(device: str) -> None:
+    a = ag.zeros(3, 4, device=device)
+    with pytest.raises(ValueError, match=r"shapes \(3, 4\) and \(3, 4\) do not match \(4 != 3\)"):
+        a @ a
+    with pytest.raises(ValueError, match="at least one dimension"):
+        a @ ag.tensor(1.0, device=device)
+    with pytest.raises(TypeError, match="bool"):
+        a.bool() @ a.T.bool()
+    with pytest.raises(TypeError, match="expects a Tensor"):
+        a.matmul([[1.0]] * 4)
+    with pytest.raises(ValueError, match="cannot be broadcast"):
+        ag.zeros(2, 3, 4, device=device) @ ag.zeros(3, 4, 5, device=device)
