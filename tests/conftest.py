@@ -100,32 +100,71 @@ def tolerance(d: DType) -> tuple[float, float]:
     return TOLERANCE.get(d, (0.0, 0.0))
 
 
-def check(out: ag.Tensor, ref: Any, dtype: DType | None = None, rtol: float | None = None,
-          atol: float | None = None) -> None:
-    """``out`` has the shape of ``ref``, the dtype ``dtype`` (if given) and its values, within
-    the tolerance of its dtype (exact for integers and bool)."""
-    assert isinstance(out, ag.Tensor), f"expected a Tensor, got {type(out).__name__}"
+def compare(got: np.ndarray, ref: Any, d: DType, rtol: float | None = None,
+            atol: float | None = None, name: str = "") -> None:
+    """Host values ``got`` of dtype ``d`` against ``ref``: within the tolerance of ``d``,
+    exact for integers and bool."""
     ref = np.asarray(ref)
-    assert out.shape == ref.shape, f"shape {out.shape}, expected {ref.shape}"
-    if dtype is not None:
-        assert out.dtype == dtype, f"dtype {out.dtype.name}, expected {dtype.name}"
-    got = out.numpy()
-    assert got.shape == ref.shape, f"numpy() shape {got.shape}, expected {ref.shape}"
-    d = out.dtype
+    where = f"{name}: " if name else ""
+    assert got.shape == ref.shape, f"{where}numpy() shape {got.shape}, expected {ref.shape}"
     if d.is_float:
         r, a = tolerance(d)
         np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64),
                                    rtol=r if rtol is None else rtol,
-                                   atol=a if atol is None else atol)
+                                   atol=a if atol is None else atol, err_msg=name)
     else:
         if ref.dtype.kind == "f":
-            assert np.all(np.isfinite(ref)), "an exact comparison with a non-finite reference"
-        np.testing.assert_array_equal(got, ref.astype(d.np))
+            assert np.all(np.isfinite(ref)), f"{where}an exact comparison with a non-finite ref"
+        np.testing.assert_array_equal(got, ref.astype(d.np), err_msg=name)
+
+
+def _check_meta(out: ag.Tensor, ref: np.ndarray, dtype: DType | None, name: str = "") -> None:
+    where = f"{name}: " if name else ""
+    assert isinstance(out, ag.Tensor), f"{where}expected a Tensor, got {type(out).__name__}"
+    assert out.shape == ref.shape, f"{where}shape {out.shape}, expected {ref.shape}"
+    if dtype is not None:
+        assert out.dtype == dtype, f"{where}dtype {out.dtype.name}, expected {dtype.name}"
+
+
+def check(out: ag.Tensor, ref: Any, dtype: DType | None = None, rtol: float | None = None,
+          atol: float | None = None) -> None:
+    """``out`` has the shape of ``ref``, the dtype ``dtype`` (if given) and its values, within
+    the tolerance of its dtype (exact for integers and bool)."""
+    ref = np.asarray(ref)
+    _check_meta(out, ref, dtype)
+    compare(out.numpy(), ref, out.dtype, rtol, atol)
+
+
+def check_all(cases: list[tuple], chunk: int = 12) -> None:
+    """``check`` for each case ``(name, out, ref, dtype[, {"rtol": ..., "atol": ...}])``.
+
+    Outputs of the same dtype, shape and device are stacked and read in one kernel (up to
+    ``chunk`` at a time): every new kernel is a compile, and on slow compilers those dominate.
+    Every op still runs on the device; the stack only adds a copy into its slice."""
+    groups: dict[tuple, list[tuple]] = {}
+    for case in cases:
+        name, out, ref, dtype = case[:4]
+        tol = case[4] if len(case) > 4 else {}
+        ref = np.asarray(ref)
+        _check_meta(out, ref, dtype, name)
+        groups.setdefault((out.dtype, out.shape, out.device), []).append((name, out, ref, tol))
+    for (d, _, _), items in groups.items():
+        for start in range(0, len(items), chunk):
+            part = items[start:start + chunk]
+            outs = [o for _, o, _, _ in part]
+            got = ag.stack(outs).numpy() if len(outs) > 1 else outs[0].numpy()[None]
+            for k, (name, _, ref, tol) in enumerate(part):
+                compare(got[k], ref, d, name=name, **tol)
 
 
 @pytest.fixture(name="check", scope="session")
 def check_fixture() -> Callable[..., None]:
     return check
+
+
+@pytest.fixture(name="check_all", scope="session")
+def check_all_fixture() -> Callable[..., None]:
+    return check_all
 
 
 def host(shape: tuple[int, ...], dtype: DType, seed: int, low: float = -3.0,

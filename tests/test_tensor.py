@@ -78,12 +78,13 @@ def test_tensor_from_torch_bfloat16(device: str, check: Any) -> None:
 @pytest.mark.parametrize("dtype", ALL)
 def test_zeros_ones_full(device: str, dtype: DType, check: Any) -> None:
     check(ag.zeros(2, 3, dtype=dtype, device=device), np.zeros((2, 3)), dtype)
-    check(ag.ones((4,), dtype=dtype, device=device), np.ones(4), dtype)
-    check(ag.full((3, 1), 1, dtype=dtype, device=device), np.ones((3, 1)), dtype)
-    x = ag.full((2, 2), 7, dtype=dtype, device=device)
-    check(ag.zeros_like(x), np.zeros((2, 2)), dtype)
-    check(ag.ones_like(x), np.ones((2, 2)), dtype)
-    check(ag.full_like(x, 1), np.ones((2, 2)), dtype)
+    check(ag.ones((2, 3), dtype=dtype, device=device), np.ones((2, 3)), dtype)
+    x = ag.full((2, 3), 7, dtype=dtype, device=device)
+    check(x, np.full((2, 3), 7 if dtype != ag.bool_ else True), dtype)
+    check(ag.full([2, 3], 1, dtype=dtype, device=device), np.ones((2, 3)), dtype)
+    check(ag.zeros_like(x), np.zeros((2, 3)), dtype)
+    check(ag.ones_like(x), np.ones((2, 3)), dtype)
+    check(ag.full_like(x, 1), np.ones((2, 3)), dtype)
     check(ag.zeros((), dtype=dtype, device=device), np.zeros(()), dtype)
 
 

@@ -7,6 +7,7 @@ the graph behind it can be freed. Movement ops on constants fold away here, at b
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Sequence
 
 from anygpu.dtype import DType
@@ -17,13 +18,21 @@ Shape = tuple[int, ...]
 
 
 class Lazy:
-    __slots__ = ("op", "srcs", "arg", "shape", "dtype", "device", "buffer", "__weakref__")
+    __slots__ = ("op", "srcs", "arg", "shape", "dtype", "device", "buffer", "consumers",
+                 "__weakref__")
 
     def __init__(self, op: Op, srcs: tuple["Lazy", ...], arg: Any, shape: Shape, dtype: DType,
                  device: str):
         self.op, self.srcs, self.arg = op, srcs, arg
         self.shape, self.dtype, self.device = shape, dtype, device
         self.buffer: Buffer | None = None
+        # weak links to the nodes built on this one: an in-place write finds the pending
+        # computations that must read the old values first (see pending_readers)
+        self.consumers: list[weakref.ref] = []
+        for s in srcs:
+            if len(s.consumers) > 64:
+                s.consumers = [r for r in s.consumers if r() is not None]
+            s.consumers.append(weakref.ref(self))
 
     def __repr__(self) -> str:
         state = "realized" if self.buffer is not None else self.op.value
@@ -153,3 +162,28 @@ def movement_shape(shape: Shape, op: Op, arg: Any) -> Shape:
             raise ValueError(f"bad flip axes {arg} for shape {shape}")
         return shape
     raise AssertionError(op)
+
+
+def pending_readers(target: "Lazy", exclude: "Lazy") -> list["Lazy"]:
+    """The unrealized computations alive now that read ``target`` (other than ``exclude``):
+    the ends of its chains of consumers, each taken back through pure views to the node that
+    computes something."""
+    found: dict[int, Lazy] = {}
+    seen: set[int] = set()
+    stack = [target]
+    while stack:
+        node = stack.pop()
+        alive = [c for c in (r() for r in node.consumers) if c is not None and not c.realized]
+        node.consumers = [weakref.ref(c) for c in alive] if node is not target else \
+            [r for r in node.consumers if r() is not None]
+        if not alive and node is not target:
+            end = node
+            while end.op in MOVEMENT and end.srcs and not end.srcs[0].realized:
+                end = end.srcs[0]
+            if end.op not in MOVEMENT and end is not exclude:
+                found[id(end)] = end
+        for c in alive:
+            if id(c) not in seen:
+                seen.add(id(c))
+                stack.append(c)
+    return list(found.values())

@@ -21,7 +21,7 @@ from anygpu.codegen import ir, lower
 from anygpu.codegen.render.cstyle import render
 from anygpu.codegen.render.wgsl import launch_groups
 from anygpu.dtype import DType, bfloat16
-from anygpu.graph.lazy import Lazy
+from anygpu.graph.lazy import Lazy, pending_readers
 from anygpu.ops.primitives import Op
 from anygpu.runtime.base import Buffer, Device, Program
 from anygpu.runtime.registry import get_device
@@ -298,6 +298,9 @@ def realize_into(value: Lazy, target: Lazy) -> None:
         raise ValueError(f"assign of {value.shape} {value.dtype.name} into {target.shape} "
                          f"{target.dtype.name}")
     device = get_device(target.device)
+    readers = pending_readers(target, value)
+    if readers:
+        run(schedule(readers))  # they were built to see the old values: compute them first
     if value.realized:
         if value.buffer is not target.buffer:
             assert value.buffer is not None

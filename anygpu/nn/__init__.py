@@ -17,7 +17,8 @@ from anygpu.nn.layers import (GELU, Conv2d, ConvTranspose2d, Dropout, Embedding,
                               Identity, LeakyReLU, Linear, LogSoftmax, ReLU, Sigmoid, SiLU,
                               Softmax, Tanh, Unflatten)
 from anygpu.nn.loss import BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss, NLLLoss
-from anygpu.nn.module import Module, ModuleDict, ModuleList, Parameter, Sequential
+from anygpu.nn.containers import ModuleDict, ModuleList, Sequential
+from anygpu.nn.module import Module, Parameter
 from anygpu.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RMSNorm
 from anygpu.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 

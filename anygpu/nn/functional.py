@@ -14,7 +14,7 @@ from typing import Any, Sequence, Union
 import numpy as np
 
 from anygpu import dtype as dt
-from anygpu.tensor import Tensor, arange, cat, rand, where
+from anygpu.tensor import Tensor, arange, cat, rand, realize, where
 
 IntPair = Union[int, Sequence[int]]
 
@@ -140,6 +140,10 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
     return x.log_softmax(dim)
 
 
+def _part(x: Tensor, axis: int, start: int, stop: int) -> Tensor:
+    return x.shrink([(start, stop) if k == axis else (0, m) for k, m in enumerate(x.shape)])
+
+
 def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float = 0.0) -> Tensor:
     """PyTorch's ``F.pad``: modes 'constant', 'reflect', 'replicate' and 'circular'."""
     if mode == "constant":
@@ -154,18 +158,15 @@ def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float = 0.
         limit = n - 1 if mode == "reflect" else n
         if mode != "replicate" and (before > limit or after > limit):
             raise ValueError(f"{mode} padding of {(before, after)} is too large for size {n}")
-
-        def part(a: int, b: int) -> Tensor:
-            return x.shrink([(a, b) if k == axis else (0, m) for k, m in enumerate(x.shape)])
-
         if mode == "circular":
-            pieces = [part(n - before, n), x, part(0, after)]
+            pieces = [_part(x, axis, n - before, n), x, _part(x, axis, 0, after)]
         elif mode == "reflect":
-            pieces = [part(1, before + 1).flip(axis), x, part(n - after - 1, n - 1).flip(axis)]
+            pieces = [_part(x, axis, 1, before + 1).flip(axis), x,
+                      _part(x, axis, n - after - 1, n - 1).flip(axis)]
         else:
             lead, tail = x.shape[:axis], x.shape[axis + 1:]
-            pieces = [part(0, 1).expand(lead + (before,) + tail), x,
-                      part(n - 1, n).expand(lead + (after,) + tail)]
+            pieces = [_part(x, axis, 0, 1).expand(lead + (before,) + tail), x,
+                      _part(x, axis, n - 1, n).expand(lead + (after,) + tail)]
         x = cat([p for p in pieces if p.shape[axis]], axis)
     return x
 
@@ -343,8 +344,8 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
                weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
                momentum: float | Tensor = 0.1, eps: float = 1e-5) -> Tensor:
     """Normalize over every axis but the channels (axis 1). In training the batch statistics
-    are used and the running ones, when given, are updated in place (PyTorch's semantics) as
-    lazy values: nothing waits for the device."""
+    are used, and the running ones, when given, are updated in place as in PyTorch (kernels are
+    queued, nothing waits for the device; a ``jit``-captured step replays the update)."""
     if input.ndim < 2:
         raise ValueError(f"batch_norm expects at least 2 dimensions, got {input.shape}")
     c = input.shape[1]
@@ -357,17 +358,13 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
                              f"size {input.shape}")
         mean, var = _moments(input, axes)
         if running_mean is not None or running_var is not None:
-            # the previous update is still a graph: compute it now (queued) so each step's
-            # update reads a buffer and the graph never grows from step to step
-            pending = [t for t in (running_mean, running_var) if t is not None]
-            if not all(t.lazy.realized for t in pending):
-                from anygpu.tensor import realize
-                realize(*pending)
-        with_bessel = var.detach() * (count / (count - 1))
-        for stat, new in ((running_mean, mean.detach()), (running_var, with_bessel)):
-            if stat is not None:
-                upd = Tensor(stat.lazy) * (1 - momentum) + new.reshape(c) * momentum
-                stat.lazy = upd.cast(stat.dtype).lazy
+            # statistics to buffers first, so the updates and the output share them rather
+            # than each reduction being fused (and recomputed) into every consumer
+            realize(mean, var)
+            unbiased = var.detach() * (count / (count - 1))
+            for stat, new in ((running_mean, mean.detach()), (running_var, unbiased)):
+                if stat is not None:
+                    stat.assign(stat * (1 - momentum) + new.reshape(c) * momentum)
     else:
         if running_mean is None or running_var is None:
             raise ValueError("batch_norm needs running_mean and running_var when not training")

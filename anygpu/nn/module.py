@@ -1,4 +1,4 @@
-"""``Module``, ``Parameter`` and the containers, with PyTorch's names and state_dict keys.
+"""``Module`` and ``Parameter``, with PyTorch's names and state_dict keys.
 
 Parameters, buffers and submodules assigned as attributes register themselves, so a model written
 for ``torch.nn`` ports line by line and its checkpoints load with the same keys:
@@ -19,7 +19,7 @@ for ``torch.nn`` ports line by line and its checkpoints load with the same keys:
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
@@ -69,6 +69,13 @@ def _addindent(text: str, spaces: int) -> str:
     if len(lines) == 1:
         return text
     return lines[0] + "\n" + "\n".join(" " * spaces + line for line in lines[1:])
+
+
+def _detached(t: Tensor) -> Tensor:
+    """``t.detach()``; for a tensor that is not a buffer of its own (an optimizer keeps
+    parameters as views of one flat buffer) a node over it, so that reading the result does
+    not turn the parameter itself into a separate copy."""
+    return t.detach() if t.lazy.realized else Tensor(t.lazy.contiguous())
 
 
 def _parse_to(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, Any]:
@@ -366,11 +373,15 @@ class Module:
                     if t is None or id(t) in seen:
                         continue
                     seen.add(id(t))
-                    t.lazy = fn(Tensor(t.lazy)).lazy
-                    moved.append(t)
+                    new = fn(Tensor(t.lazy)).lazy
+                    if new is not t.lazy:  # unchanged ones stay as they are (maybe views)
+                        t.lazy = new
+                        moved.append(t)
                     if t.grad is not None:
-                        t.grad = fn(Tensor(t.grad.lazy))
-                        moved.append(t.grad)
+                        grad = fn(Tensor(t.grad.lazy))
+                        if grad.lazy is not t.grad.lazy:
+                            t.grad = grad
+                            moved.append(grad)
         realize(*moved)
         return self
 
@@ -411,10 +422,10 @@ class Module:
         out: OrderedDict[str, Tensor] = OrderedDict()
         for name, p in self._parameters.items():
             if p is not None:
-                out[name] = p if keep_vars else p.detach()
+                out[name] = p if keep_vars else _detached(p)
         for name, b in self._buffers.items():
             if b is not None and name not in self._non_persistent_buffers_set:
-                out[name] = b if keep_vars else b.detach()
+                out[name] = b if keep_vars else _detached(b)
         return out
 
     def state_dict(self, destination: Any = None, prefix: str = "",
@@ -515,221 +526,4 @@ class Module:
         return f"{self._get_name()}({body})"
 
 
-class Sequential(Module):
-    """Modules applied in order; also built from an OrderedDict of named modules.
-
-    >>> import anygpu as ag
-    >>> from anygpu import nn
-    >>> m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
-    >>> m(ag.randn(5, 3)).shape, len(m), type(m[1]).__name__
-    ((5, 1), 3, 'ReLU')
-    """
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__()
-        if len(args) == 1 and isinstance(args[0], OrderedDict):
-            for key, module in args[0].items():
-                self.add_module(key, module)
-        else:
-            for idx, module in enumerate(args):
-                self.add_module(str(idx), module)
-
-    def _index(self, idx: int) -> str:
-        n = len(self._modules)
-        if not -n <= idx < n:
-            raise IndexError(f"index {idx} is out of range")
-        return list(self._modules)[idx % n]
-
-    def __getitem__(self, idx: int | slice) -> Any:
-        if isinstance(idx, slice):
-            return type(self)(OrderedDict(list(self._modules.items())[idx]))
-        return self._modules[self._index(idx)]
-
-    def __setitem__(self, idx: int, module: Module) -> None:
-        setattr(self, self._index(idx), module)
-
-    def __delitem__(self, idx: int | slice) -> None:
-        keys = list(self._modules)[idx] if isinstance(idx, slice) else [self._index(idx)]
-        for k in keys:
-            delattr(self, k)
-        # renumber, as PyTorch does, so indices stay 0..n-1
-        items = list(self._modules.values())
-        self._modules.clear()
-        for i, m in enumerate(items):
-            self._modules[str(i)] = m
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
-
-    def append(self, module: Module) -> "Sequential":
-        self.add_module(str(len(self)), module)
-        return self
-
-    def extend(self, modules: Iterable[Module]) -> "Sequential":
-        for m in modules:
-            self.append(m)
-        return self
-
-    def insert(self, index: int, module: Module) -> "Sequential":
-        n = len(self._modules)
-        if not -n <= index <= n:
-            raise IndexError(f"index {index} is out of range")
-        items = list(self._modules.values())
-        items.insert(index % (n + 1) if index < 0 else index, module)
-        self._modules.clear()
-        for i, m in enumerate(items):
-            self.add_module(str(i), m)
-        return self
-
-    def forward(self, input: Any) -> Any:
-        for module in self:
-            input = module(input)
-        return input
-
-
-class ModuleList(Module):
-    """A list of modules whose parameters are registered (``"0.weight"``, ``"1.weight"``, ...).
-
-    >>> from anygpu import nn
-    >>> layers = nn.ModuleList([nn.Linear(2, 2) for _ in range(3)])
-    >>> len(layers), len(list(layers.parameters()))
-    (3, 6)
-    """
-
-    def __init__(self, modules: Iterable[Module] | None = None) -> None:
-        super().__init__()
-        if modules is not None:
-            self.extend(modules)
-
-    def _index(self, idx: int) -> str:
-        n = len(self._modules)
-        if not -n <= idx < n:
-            raise IndexError(f"index {idx} is out of range")
-        return str(idx % n)
-
-    def __getitem__(self, idx: int | slice) -> Any:
-        if isinstance(idx, slice):
-            return type(self)(list(self._modules.values())[idx])
-        return self._modules[self._index(idx)]
-
-    def __setitem__(self, idx: int, module: Module) -> None:
-        setattr(self, self._index(idx), module)
-
-    def __delitem__(self, idx: int | slice) -> None:
-        keys = list(self._modules)[idx] if isinstance(idx, slice) else [self._index(idx)]
-        for k in keys:
-            del self._modules[k]
-        items = list(self._modules.values())
-        self._modules.clear()
-        for i, m in enumerate(items):
-            self._modules[str(i)] = m
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
-
-    def __iadd__(self, modules: Iterable[Module]) -> "ModuleList":
-        return self.extend(modules)
-
-    def append(self, module: Module) -> "ModuleList":
-        self.add_module(str(len(self)), module)
-        return self
-
-    def extend(self, modules: Iterable[Module]) -> "ModuleList":
-        for m in modules:
-            self.append(m)
-        return self
-
-    def insert(self, index: int, module: Module) -> None:
-        items = list(self._modules.values())
-        items.insert(index, module)
-        self._modules.clear()
-        for i, m in enumerate(items):
-            self.add_module(str(i), m)
-
-    def _child_lines(self) -> list[str]:
-        # runs of identical modules print once, as "(0-2): 3 x Linear(...)" (PyTorch's form)
-        reprs = [repr(m) for m in self._modules.values()]
-        lines: list[str] = []
-        start = 0
-        while start < len(reprs):
-            end = start
-            while end + 1 < len(reprs) and reprs[end + 1] == reprs[start]:
-                end += 1
-            body = _addindent(reprs[start], 2)
-            if end == start:
-                lines.append(f"({start}): {body}")
-            else:
-                lines.append(f"({start}-{end}): {end - start + 1} x {body}")
-            start = end + 1
-        return lines
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("ModuleList has no forward; iterate over it instead")
-
-
-class ModuleDict(Module):
-    """A dict of modules whose parameters are registered under their keys.
-
-    >>> from anygpu import nn
-    >>> heads = nn.ModuleDict({"a": nn.Linear(2, 3), "b": nn.Linear(2, 1)})
-    >>> list(heads.state_dict())
-    ['a.weight', 'a.bias', 'b.weight', 'b.bias']
-    """
-
-    def __init__(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]] | None = None
-                 ) -> None:
-        super().__init__()
-        if modules is not None:
-            self.update(modules)
-
-    def __getitem__(self, key: str) -> Module:
-        return self._modules[key]
-
-    def __setitem__(self, key: str, module: Module) -> None:
-        self.add_module(key, module)
-
-    def __delitem__(self, key: str) -> None:
-        del self._modules[key]
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._modules)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._modules
-
-    def clear(self) -> None:
-        self._modules.clear()
-
-    def pop(self, key: str) -> Module:
-        v = self[key]
-        del self[key]
-        return v
-
-    def keys(self) -> Iterable[str]:
-        return self._modules.keys()
-
-    def items(self) -> Iterable[tuple[str, Module]]:
-        return self._modules.items()
-
-    def values(self) -> Iterable[Module]:
-        return self._modules.values()
-
-    def update(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]]) -> None:
-        pairs = modules.items() if isinstance(modules, Mapping) else modules
-        for key, m in pairs:
-            self[key] = m
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("ModuleDict has no forward; index it instead")
-
-
-__all__ = ["Module", "Parameter", "Sequential", "ModuleList", "ModuleDict"]
+__all__ = ["Module", "Parameter"]

@@ -9,7 +9,7 @@ from anygpu import dtype as dt
 from anygpu.nn import functional as F
 from anygpu.nn import init
 from anygpu.nn.module import Module, Parameter
-from anygpu.tensor import Tensor, realize
+from anygpu.tensor import Tensor
 
 
 class _NormBase(Module):
@@ -71,13 +71,9 @@ class _BatchNorm(_NormBase):
         factor: float | Tensor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             nbt = self.num_batches_tracked
-            if not nbt.lazy.realized:
-                # last step's count is still a graph; compute it (queued, no wait) so the
-                # graph does not grow from step to step
-                realize(nbt)
-            nbt.lazy = (Tensor(nbt.lazy) + 1).lazy
-            if self.momentum is None:  # cumulative moving average
-                factor = 1.0 / Tensor(nbt.lazy).float()
+            nbt.assign(nbt + 1)
+            if self.momentum is None:  # cumulative moving average, read on the device
+                factor = 1.0 / nbt.float()
         training = self.training or (self.running_mean is None and self.running_var is None)
         use_stats = not self.training or self.track_running_stats
         return F.batch_norm(input, self.running_mean if use_stats else None,

@@ -10,7 +10,6 @@ import pytest
 import anygpu as ag
 
 
-
 def port(ours: Any, theirs: Any, device: str) -> Any:
     """``ours`` with ``theirs``'s state_dict loaded (torch tensors, as a checkpoint would be),
     moved to ``device``, in the same train/eval mode."""

@@ -113,13 +113,18 @@ def test_batchnorm_single_value_per_channel_in_training():
         nn.BatchNorm1d(3)(ag.ones(1, 3))
 
 
-def test_batchnorm_running_stats_stay_lazy(randn):
-    bn = nn.BatchNorm2d(2)
-    for step in range(3):
-        bn(ag.tensor(randn((2, 2, 3, 3), step)))
-        # the update is a small pending graph over the latest batch, never a chain of steps
-        assert not bn.running_mean.lazy.realized
-    assert bn.num_batches_tracked.item() == 3
+def test_batchnorm_updates_running_stats_in_place(port, close, randn):
+    torch.manual_seed(4)
+    theirs = tnn.BatchNorm2d(2, momentum=None)
+    ours = port(nn.BatchNorm2d(2, momentum=None), theirs, "cpu")
+    buffers = [b.lazy.buffer for b in ours.buffers()]
+    step = ag.jit(ours)  # captured on the second call, replayed after: updates must replay too
+    for i in range(4):
+        x = randn((2, 2, 3, 3), 20 + i, scale=1 + i)
+        close(step(ag.tensor(x)), theirs(torch.tensor(x)), atol=1e-5)
+    assert [b.lazy.buffer for b in ours.buffers()] == buffers
+    for key, value in theirs.state_dict().items():
+        close(ours.state_dict()[key], value)
 
 
 def test_layer_rms_group_norm(device, port, close, randn):
@@ -248,3 +253,32 @@ def test_conv_argument_errors():
         nn.Conv2d(3, 4, 3, padding_mode="mirror")
     with pytest.raises(ValueError, match="num_channels must be divisible by num_groups"):
         nn.GroupNorm(3, 4)
+
+
+def gradient_net(lib):
+    return lib.Sequential(
+        lib.Conv2d(3, 4, 3, padding=1, bias=False), lib.BatchNorm2d(4), lib.ReLU(),
+        lib.MaxPool2d(2), lib.Conv2d(4, 6, 3, stride=2, groups=2), lib.GroupNorm(2, 6),
+        lib.GELU(), lib.ConvTranspose2d(6, 4, 3, stride=2, padding=1, output_padding=1),
+        lib.SiLU(), lib.AvgPool2d(2), lib.AdaptiveAvgPool2d(1), lib.Flatten(), lib.Linear(4, 5))
+
+
+def test_gradients_match_torch(port, randn):
+    # one device: the backward graph compiles many kernels, and each op's gradient is checked
+    # on every device by the op tests
+    device = "cpu"
+    torch.manual_seed(8)
+    theirs = gradient_net(tnn)
+    ours = port(gradient_net(nn), theirs, device)
+    x, t = randn((3, 3, 13, 13), 30), np.array([1, 4, 0])
+    loss = nn.functional.cross_entropy(ours(ag.tensor(x, device=device)),
+                                       ag.tensor(t, device=device), label_smoothing=0.1)
+    loss.backward()
+    ref = torch.nn.functional.cross_entropy(theirs(torch.tensor(x)), torch.tensor(t),
+                                            label_smoothing=0.1)
+    ref.backward()
+    np.testing.assert_allclose(loss.item(), ref.item(), rtol=1e-5)
+    for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
+        scale = q.grad.abs().max().item()
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=0, atol=1e-4 * scale,
+                                   err_msg=name)

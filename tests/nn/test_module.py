@@ -282,3 +282,35 @@ def test_repr_matches_torch():
     ]
     for ours, theirs in pairs:
         assert repr(ours) == repr(theirs)
+
+
+def test_training_with_checkpoint_reads_matches_torch(device, port, close, randn):
+    torch.manual_seed(5)
+    theirs = tnn.Sequential(tnn.Linear(3, 4), tnn.Tanh(), tnn.Linear(4, 2))
+    ours = port(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)), theirs, device)
+    opt = ag.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+    topt = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
+    for step in range(3):
+        x, y = randn((5, 3), 30 + step), randn((5, 2), 40 + step)
+        opt.zero_grad()
+        nn.functional.mse_loss(ours(ag.tensor(x, device=device)),
+                               ag.tensor(y, device=device)).backward()
+        opt.step()
+        topt.zero_grad()
+        torch.nn.functional.mse_loss(theirs(torch.tensor(x)), torch.tensor(y)).backward()
+        topt.step()
+        # reading a checkpoint between steps must not detach parameters from the optimizer
+        for key, value in theirs.state_dict().items():
+            close(ours.state_dict()[key], value, atol=1e-5)
+    # loading new values after the optimizer exists: the next step starts from them
+    ours.load_state_dict(theirs.state_dict())
+    x, y = randn((5, 3), 50), randn((5, 2), 51)
+    opt.zero_grad()
+    nn.functional.mse_loss(ours(ag.tensor(x, device=device)), ag.tensor(y, device=device)
+                           ).backward()
+    opt.step()
+    topt.zero_grad()
+    torch.nn.functional.mse_loss(theirs(torch.tensor(x)), torch.tensor(y)).backward()
+    topt.step()
+    for key, value in theirs.state_dict().items():
+        close(ours.state_dict()[key], value, atol=1e-5)
