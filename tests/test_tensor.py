@@ -28,8 +28,8 @@ NUMERIC = FLOATS + INTS
 ALL = NUMERIC + [ag.bool_]
 
 seeds = st.integers(0, 2**32 - 1)
-UNARY_SHAPES = st.sampled_from([(), (7,), (2, 3, 5)])
-BINARY_SHAPES = st.sampled_from([((2, 3, 5), (2, 3, 5)), ((2, 1, 5), (3, 1)), ((), (7,))])
+UNARY_SHAPES = st.sampled_from([(), (2, 3, 5)])
+BINARY_SHAPES = st.sampled_from([((2, 3, 5), (2, 3, 5)), ((2, 1, 5), (3, 1))])
 
 
 def f64(x: np.ndarray) -> np.ndarray:
@@ -143,45 +143,38 @@ def _wide(dtype: DType) -> dict[str, float]:
     return {}
 
 
-def _np_binary(op: str, a: np.ndarray, b: np.ndarray, dtype: DType) -> np.ndarray:
-    """NumPy's result for integer/bool dtypes (wrapping) and float64 math for floats."""
-    if dtype.is_float:
-        a, b = f64(a), f64(b)
-    fn = {"add": np.add, "sub": np.subtract, "mul": np.multiply}[op]
-    if dtype == ag.bool_:
-        fn = {"add": np.logical_or, "mul": np.logical_and}[op]
-    with np.errstate(over="ignore"):
-        return fn(a, b)
-
-
 @pytest.mark.parametrize("dtype", ALL)
-@pytest.mark.parametrize("op", ["add", "sub", "mul"])
 @given(seed=seeds, shapes=BINARY_SHAPES)
-def test_add_sub_mul(device: str, dtype: DType, op: str, seed: int, shapes: tuple,
-                     make: Any, check: Any) -> None:
-    if op == "sub" and dtype == ag.bool_:
-        return  # test_bool_subtraction_raises
+def test_add_sub_mul(device: str, dtype: DType, seed: int, shapes: tuple, make: Any,
+                     check_all: Any) -> None:
     a, ta = make(shapes[0], dtype, seed, device, **_wide(dtype))
     b, tb = make(shapes[1], dtype, seed + 1, device, **_wide(dtype))
-    out = {"add": ta.__add__, "sub": ta.__sub__, "mul": ta.__mul__}[op](tb)
-    check(out, _np_binary(op, a, b, dtype), dtype)
+    if dtype == ag.bool_:  # PyTorch: + is or, * is and, - raises (test_dtype_errors)
+        check_all([("add", ta + tb, a | b, dtype), ("mul", ta * tb, a & b, dtype)])
+        return
+    if dtype.is_float:
+        a, b = f64(a), f64(b)
+    with np.errstate(over="ignore"):  # 8-bit integers wrap around, as in NumPy
+        check_all([("add", ta + tb, a + b, dtype), ("sub", ta - tb, a - b, dtype),
+                   ("mul", ta * tb, a * b, dtype), ("add method", ta.add(tb), a + b, dtype),
+                   ("sub method", ta.sub(tb), a - b, dtype), ("rsub", tb.__rsub__(ta), a - b,
+                                                              dtype)])
 
 
 @pytest.mark.parametrize("dtype", NUMERIC)
 @given(seed=seeds)
-def test_scalar_operands(device: str, dtype: DType, seed: int, make: Any, check: Any) -> None:
+def test_scalar_operands(device: str, dtype: DType, seed: int, make: Any,
+                         check_all: Any) -> None:
     x, t = make((2, 3, 5), dtype, seed, device)
     xf = f64(x)
     # integer scalars keep the tensor's dtype; float scalars make integer tensors float32
-    check(t + 2, xf + 2, dtype)
-    check(3 - t, 3 - xf, dtype)
-    check(t * 2, xf * 2, dtype)
-    check(2 * t, 2 * xf, dtype)
     fd = dtype if dtype.is_float else F32
-    check(t * 0.5, xf * 0.5, fd)
-    check(t - 1.5, xf - 1.5, fd)
-    check(t.add(t, alpha=2), xf + 2 * xf, dtype)
-    check(t.sub(t * 2, alpha=3), xf - 6 * xf, dtype)
+    check_all([("t + 2", t + 2, xf + 2, dtype), ("3 - t", 3 - t, 3 - xf, dtype),
+               ("t * 2", t * 2, xf * 2, dtype), ("2 * t", 2 * t, 2 * xf, dtype),
+               ("alpha", t.add(t, alpha=2), xf + 2 * xf, dtype),
+               ("sub alpha", t.sub(t * 2, alpha=3), xf - 6 * xf, dtype),
+               ("t * 0.5", t * 0.5, xf * 0.5, fd), ("t - 1.5", t - 1.5, xf - 1.5, fd),
+               ("0.5 + t", 0.5 + t, xf + 0.5, fd)])
 
 
 def test_bool_add_is_logical_or(device: str, check: Any) -> None:
@@ -200,89 +193,92 @@ def test_bool_add_is_logical_or(device: str, check: Any) -> None:
     (ag.bool_, BF16, BF16), (ag.int8, ag.int64, ag.int64)])
 @given(seed=seeds)
 def test_promotion(device: str, a_dtype: DType, b_dtype: DType, want: DType, seed: int,
-                   make: Any, check: Any) -> None:
+                   make: Any, check_all: Any) -> None:
     dev = get_device(device)
     if not (dev.supports(a_dtype) and dev.supports(b_dtype) and dev.supports(want)):
         return
     a, ta = make((2, 3), a_dtype, seed, device)
     b, tb = make((3,), b_dtype, seed + 1, device)
-    check(ta + tb, f64(a) + f64(b), want)
-    check(tb * ta, f64(a) * f64(b), want)
+    check_all([("a + b", ta + tb, f64(a) + f64(b), want),
+               ("b * a", tb * ta, f64(a) * f64(b), want)])
 
 
 @pytest.mark.parametrize("dtype", NUMERIC)
-@given(seed=seeds, shapes=BINARY_SHAPES)
-def test_div(device: str, dtype: DType, seed: int, shapes: tuple, make: Any,
-             check: Any) -> None:
-    a, ta = make(shapes[0], dtype, seed, device)
-    b, tb = make(shapes[1], dtype, seed + 1, device, away_from_zero=0.5)
+@given(seed=seeds)
+def test_div(device: str, dtype: DType, seed: int, make: Any, check_all: Any) -> None:
+    a, ta = make((2, 3, 5), dtype, seed, device)
+    b, tb = make((3, 1), dtype, seed + 1, device, away_from_zero=0.5)
     out_dtype = dtype if dtype.is_float else F32
-    check(ta / tb, f64(a) / f64(b), out_dtype)
-    check(ta.div(tb, rounding_mode="trunc"), np.trunc(f64(a) / f64(b)), dtype)
+    a, b = f64(a), f64(b)
+    cases = [("a / b", ta / tb, a / b, out_dtype),
+             ("trunc", ta.div(tb, rounding_mode="trunc"), np.trunc(a / b), dtype)]
+    if dtype.is_float:
+        cases.append(("2 / b", 2 / tb.expand(2, 3, 5), 2 / np.broadcast_to(b, (2, 3, 5)), dtype))
+    check_all(cases)
 
 
 @pytest.mark.parametrize("dtype", [F32, F16, BF16] + SIGNED)
-@given(seed=seeds, shapes=BINARY_SHAPES)
-def test_floor_divide_remainder(device: str, dtype: DType, seed: int, shapes: tuple, make: Any,
-                                check: Any) -> None:
+@given(seed=seeds)
+def test_floor_divide_remainder(device: str, dtype: DType, seed: int, make: Any,
+                                check_all: Any) -> None:
     kw = {"low": -9, "high": 9} if not dtype.is_float else {}
-    a, ta = make(shapes[0], dtype, seed, device, **kw)
-    b, tb = make(shapes[1], dtype, seed + 1, device, away_from_zero=0.5, **kw)
+    a, ta = make((2, 3, 5), dtype, seed, device, **kw)
+    b, tb = make((3, 1), dtype, seed + 1, device, away_from_zero=0.5, **kw)
     if dtype.is_float:
         fd = torch_ref(torch.floor_divide, a, b)
         rem = torch_ref(torch.remainder, a, b)
         fmod = torch_ref(torch.fmod, a, b)
     else:
         fd, rem, fmod = np.floor_divide(a, b), np.remainder(a, b), np.fmod(a, b)
-    check(ta // tb, fd, dtype)
-    check(ta % tb, rem, dtype)
-    check(ta.div(tb, rounding_mode="floor"), fd, dtype)
-    check(ta.fmod(tb), fmod, dtype)
+    check_all([("//", ta // tb, fd, dtype), ("%", ta % tb, rem, dtype),
+               ("floor mode", ta.div(tb, rounding_mode="floor"), fd, dtype),
+               ("fmod", ta.fmod(tb), fmod, dtype)])
 
 
-def test_floor_divide_remainder_negative_ints(device: str, check: Any) -> None:
+def test_floor_divide_remainder_negative_ints(device: str, check_all: Any) -> None:
     a = np.array([7, -7, 7, -7, 0, 6, -6, -1], dtype=np.int32)
     b = np.array([2, 2, -2, -2, 3, -3, 3, 5], dtype=np.int32)
     ta, tb = ag.tensor(a, device=device), ag.tensor(b, device=device)
-    check(ta // tb, np.floor_divide(a, b), ag.int32)
-    check(ta % tb, np.remainder(a, b), ag.int32)
-    check(ta % 3, np.remainder(a, 3), ag.int32)
-    check(ta // -3, np.floor_divide(a, -3), ag.int32)
-    check(-7 // tb, np.floor_divide(-7, b), ag.int32)
+    check_all([("//", ta // tb, np.floor_divide(a, b), ag.int32),
+               ("%", ta % tb, np.remainder(a, b), ag.int32),
+               ("% 3", ta % 3, np.remainder(a, 3), ag.int32),
+               ("// -3", ta // -3, np.floor_divide(a, -3), ag.int32),
+               ("-7 //", -7 // tb, np.floor_divide(-7, b), ag.int32),
+               ("-7 %", -7 % tb, np.remainder(-7, b), ag.int32)])
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @given(seed=seeds, shape=UNARY_SHAPES)
 def test_pow_float(device: str, dtype: DType, seed: int, shape: tuple, make: Any,
-                   check: Any, host: Any) -> None:
+                   check_all: Any, host: Any) -> None:
     a, ta = make(shape, dtype, seed, device, low=0.1, high=3.0)
     b, tb = make(shape, dtype, seed + 1, device, low=-2.0, high=2.0)
-    check(ta ** tb, f64(a) ** f64(b), dtype)
-    # negative bases with integral exponents, and x ** 0 == 1 for every x
+    # negative bases with integral exponents
     n = host(shape, ag.int8, seed + 2, low=-3, high=3).astype(np.float32)
+    tn = ag.tensor(n, dtype=dtype, device=device)
     neg, tneg = make(shape, dtype, seed + 3, device, low=-3.0, high=-0.5)
-    check(tneg ** ag.tensor(n, dtype=dtype, device=device), f64(neg) ** n, dtype)
+    a, b, neg = f64(a), f64(b), f64(neg)
+    cases = [("a ** b", ta ** tb, a ** b, dtype), ("neg ** n", tneg ** tn, neg ** n, dtype),
+             ("2 ** b", 2.0 ** tb, 2.0 ** b, dtype), ("pow", ta.pow(tb), a ** b, dtype)]
     for e in (2, 3, 0.5, -1, 1.5, 0, 1):
-        base = ta if e in (0.5, 1.5) else tneg
-        ref = (f64(a) if e in (0.5, 1.5) else f64(neg)) ** e
-        check(base ** e, ref, dtype)
-    check(2.0 ** tb, 2.0 ** f64(b), dtype)
+        base, tbase = (a, ta) if e in (0.5, 1.5) else (neg, tneg)
+        cases.append((f"** {e}", tbase ** e, base ** e, dtype))
+    check_all(cases)
 
 
 def test_pow_nan_for_negative_base_fractional_exponent(device: str) -> None:
-    x = ag.tensor([-2.0, -0.5, 4.0], device=device)
-    got = (x ** ag.tensor([0.5, 1.5, 0.5], device=device)).numpy()
-    assert np.isnan(got[0]) and np.isnan(got[1]) and got[2] == 2.0
+    x = ag.tensor([-2.0, -0.5, 4.0, 0.0], device=device)
+    got = (x ** ag.tensor([0.5, 1.5, 0.5, 0.0], device=device)).numpy()
+    assert np.isnan(got[0]) and np.isnan(got[1]) and got[2] == 2.0 and got[3] == 1.0
 
 
 @pytest.mark.parametrize("dtype", INTS)
 @given(seed=seeds)
-def test_pow_int(device: str, dtype: DType, seed: int, make: Any, check: Any) -> None:
+def test_pow_int(device: str, dtype: DType, seed: int, make: Any, check_all: Any) -> None:
     a, ta = make((2, 3, 5), dtype, seed, device, low=-3 if dtype != ag.uint8 else 0, high=3)
     b, tb = make((2, 3, 5), dtype, seed + 1, device, low=0, high=3)
-    check(ta ** tb, f64(a) ** f64(b), dtype)
-    check(ta ** 3, f64(a) ** 3, dtype)
-    check(ta ** 2, f64(a) ** 2, dtype)
+    check_all([("a ** b", ta ** tb, f64(a) ** f64(b), dtype),
+               ("a ** 3", ta ** 3, f64(a) ** 3, dtype), ("a ** 2", ta ** 2, f64(a) ** 2, dtype)])
     with pytest.raises(ValueError, match="negative integer powers"):
         ta ** -1
 
@@ -296,48 +292,55 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(x, approximate="tanh")
 
 
-# name -> (anygpu, float64 reference, host range)
-UNARY: dict[str, tuple[Callable, Callable, dict]] = {
-    "neg": (lambda t: -t, np.negative, {}),
-    "abs": (lambda t: t.abs(), np.abs, {}),
-    "sign": (lambda t: t.sign(), np.sign, {}),
-    "exp": (lambda t: t.exp(), np.exp, {}),
-    "exp2": (lambda t: t.exp2(), np.exp2, {}),
-    "expm1": (lambda t: t.expm1(), np.expm1, {"low": 0.5}),
-    "log": (lambda t: t.log(), np.log, {"low": 0.05, "high": 6.0}),
-    "log2": (lambda t: t.log2(), np.log2, {"low": 0.05, "high": 6.0}),
-    "log1p": (lambda t: t.log1p(), np.log1p, {"low": 0.5, "high": 6.0}),
-    "sqrt": (lambda t: t.sqrt(), np.sqrt, {"low": 0.0, "high": 6.0}),
-    "rsqrt": (lambda t: t.rsqrt(), lambda x: 1 / np.sqrt(x), {"low": 0.05, "high": 6.0}),
-    "reciprocal": (lambda t: t.reciprocal(), lambda x: 1 / x, {"away_from_zero": 0.25}),
-    "square": (lambda t: t.square(), np.square, {}),
-    "sin": (lambda t: t.sin(), np.sin, {}),
-    "cos": (lambda t: t.cos(), np.cos, {}),
-    "tan": (lambda t: t.tan(), np.tan, {"low": -1.2, "high": 1.2}),
-    "tanh": (lambda t: t.tanh(), np.tanh, {}),
-    "sigmoid": (lambda t: t.sigmoid(), lambda x: 1 / (1 + np.exp(-x)), {}),
-    "relu": (lambda t: t.relu(), lambda x: np.maximum(x, 0), {}),
-    "leaky_relu": (lambda t: t.leaky_relu(0.1), lambda x: np.where(x > 0, x, 0.1 * x), {}),
-    "silu": (lambda t: t.silu(), lambda x: x / (1 + np.exp(-x)), {}),
-    "softplus": (lambda t: t.softplus(), lambda x: np.log1p(np.exp(x)), {}),
-    "gelu": (lambda t: t.gelu(), lambda x: torch_ref(_gelu, x), {}),
-    "gelu_tanh": (lambda t: t.gelu("tanh"), lambda x: torch_ref(_gelu_tanh, x), {}),
-    "erf": (lambda t: t.erf(), lambda x: torch_ref(torch.erf, x), {}),
-    "trunc": (lambda t: t.trunc(), np.trunc, {}),
-    "floor": (lambda t: t.floor(), np.floor, {}),
-    "ceil": (lambda t: t.ceil(), np.ceil, {}),
-    "round": (lambda t: t.round(), np.round, {}),
+# inputs: "any" in [-3, 3), "pos" in [0.05, 6), "small" in [-1.2, 1.2), "nonzero" |x| >= 0.25
+DOMAINS = {"any": {}, "pos": {"low": 0.05, "high": 6.0}, "small": {"low": -1.2, "high": 1.2},
+           "nonzero": {"away_from_zero": 0.25}}
+
+# name -> (anygpu, float64 reference, input domain)
+UNARY: dict[str, tuple[Callable, Callable, str]] = {
+    "neg": (lambda t: -t, np.negative, "any"),
+    "abs": (lambda t: t.abs(), np.abs, "any"),
+    "sign": (lambda t: t.sign(), np.sign, "any"),
+    "exp": (lambda t: t.exp(), np.exp, "any"),
+    "exp2": (lambda t: t.exp2(), np.exp2, "any"),
+    "expm1": (lambda t: t.expm1(), np.expm1, "pos"),
+    "log": (lambda t: t.log(), np.log, "pos"),
+    "log2": (lambda t: t.log2(), np.log2, "pos"),
+    "log1p": (lambda t: t.log1p(), np.log1p, "pos"),
+    "sqrt": (lambda t: t.sqrt(), np.sqrt, "pos"),
+    "rsqrt": (lambda t: t.rsqrt(), lambda x: 1 / np.sqrt(x), "pos"),
+    "reciprocal": (lambda t: t.reciprocal(), lambda x: 1 / x, "nonzero"),
+    "square": (lambda t: t.square(), np.square, "any"),
+    "sin": (lambda t: t.sin(), np.sin, "any"),
+    "cos": (lambda t: t.cos(), np.cos, "any"),
+    "tan": (lambda t: t.tan(), np.tan, "small"),
+    "tanh": (lambda t: t.tanh(), np.tanh, "any"),
+    "sigmoid": (lambda t: t.sigmoid(), lambda x: 1 / (1 + np.exp(-x)), "any"),
+    "relu": (lambda t: t.relu(), lambda x: np.maximum(x, 0), "any"),
+    "leaky_relu": (lambda t: t.leaky_relu(0.1), lambda x: np.where(x > 0, x, 0.1 * x), "any"),
+    "silu": (lambda t: t.silu(), lambda x: x / (1 + np.exp(-x)), "any"),
+    "softplus": (lambda t: t.softplus(), lambda x: np.log1p(np.exp(x)), "any"),
+    "gelu": (lambda t: t.gelu(), lambda x: torch_ref(_gelu, x), "any"),
+    "gelu_tanh": (lambda t: t.gelu("tanh"), lambda x: torch_ref(_gelu_tanh, x), "any"),
+    "erf": (lambda t: t.erf(), lambda x: torch_ref(torch.erf, x), "any"),
+    "trunc": (lambda t: t.trunc(), np.trunc, "any"),
+    "floor": (lambda t: t.floor(), np.floor, "any"),
+    "ceil": (lambda t: t.ceil(), np.ceil, "any"),
+    "round": (lambda t: t.round(), np.round, "any"),
 }
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("name", list(UNARY))
 @given(seed=seeds, shape=UNARY_SHAPES)
-def test_unary_float(device: str, dtype: DType, name: str, seed: int, shape: tuple, make: Any,
-                     check: Any) -> None:
-    fn, ref, kw = UNARY[name]
-    x, t = make(shape, dtype, seed, device, **kw)
-    check(fn(t), ref(f64(x)), dtype)
+def test_unary_float(device: str, dtype: DType, seed: int, shape: tuple, make: Any,
+                     check_all: Any) -> None:
+    inputs = {name: make(shape, dtype, seed + k, device, **kw)
+              for k, (name, kw) in enumerate(DOMAINS.items())}
+    cases = []
+    for name, (fn, ref, domain) in UNARY.items():
+        x, t = inputs[domain]
+        cases.append((name, fn(t), ref(f64(x)), dtype))
+    check_all(cases)
 
 
 def test_round_half_to_even(device: str, check: Any) -> None:
@@ -347,48 +350,49 @@ def test_round_half_to_even(device: str, check: Any) -> None:
 
 def test_unary_special_values(device: str) -> None:
     x = ag.tensor([float("nan"), float("inf"), float("-inf"), 0.0, -0.0], device=device)
-    got = {n: getattr(x, n)().numpy() for n in ("relu", "sign", "abs", "isnan", "isinf", "exp")}
+    names = ("relu", "sign", "abs", "exp", "sqrt", "tanh", "sigmoid")
+    got = dict(zip(names, ag.stack([getattr(x, n)() for n in names]).numpy()))
+    flags = ag.stack([x.isnan(), x.isinf()]).numpy()
+    assert list(flags[0]) == [True, False, False, False, False]
+    assert list(flags[1]) == [False, True, True, False, False]
     assert np.isnan(got["sign"][0]) and list(got["sign"][1:]) == [1, -1, 0, 0]
-    assert list(got["isnan"]) == [True, False, False, False, False]
-    assert list(got["isinf"]) == [False, True, True, False, False]
-    assert list(got["abs"][1:]) == [np.inf, np.inf, 0, 0]
-    assert list(got["exp"][1:]) == [np.inf, 0, 1, 1]
-    assert np.isnan(got["abs"][0]) and np.isnan(got["exp"][0])
+    assert list(got["abs"][1:]) == [np.inf, np.inf, 0, 0] and np.isnan(got["abs"][0])
+    assert list(got["exp"][1:]) == [np.inf, 0, 1, 1] and np.isnan(got["exp"][0])
     assert list(got["relu"][1:]) == [np.inf, 0, 0, 0]
-    sq = x.sqrt().numpy()
+    sq = got["sqrt"]
     assert sq[1] == np.inf and np.isnan(sq[2]) and sq[3] == 0 and sq[4] == 0
-    assert np.isnan(ag.tensor([-1.0], device=device).sqrt().numpy()[0])
-    assert ag.tensor([0.0], device=device).log().numpy()[0] == -np.inf
-    np.testing.assert_array_equal(x.tanh().numpy()[1:3], [1, -1])
-    np.testing.assert_array_equal(x.sigmoid().numpy()[1:3], [1, 0])
+    assert list(got["tanh"][1:3]) == [1, -1] and list(got["sigmoid"][1:3]) == [1, 0]
+    assert ag.tensor([0.0, -1.0], device=device).log().numpy()[0] == -np.inf
 
 
 @pytest.mark.parametrize("dtype", INTS + [ag.bool_])
 @given(seed=seeds, shape=UNARY_SHAPES)
 def test_unary_int(device: str, dtype: DType, seed: int, shape: tuple, make: Any,
-                   check: Any) -> None:
+                   check_all: Any) -> None:
     x, t = make(shape, dtype, seed, device, **_wide(dtype))
-    xi = x.astype(np.int64)
-    check(t.abs(), np.abs(x) if dtype != ag.bool_ else x, dtype)
-    check(t.sign(), np.sign(xi) if dtype != ag.bool_ else x, dtype)
-    if dtype != ag.bool_:
-        check(t.relu(), np.maximum(x, 0), dtype)
+    if dtype == ag.bool_:
+        cases = [("abs", t.abs(), x, dtype), ("sign", t.sign(), x, dtype)]
+    else:
         with np.errstate(over="ignore"):
-            check(-t, np.negative(x), dtype)
-    check(t.float(), x.astype(np.float32), F32)
-    for d in (t.trunc(), t.floor(), t.ceil(), t.round()):
-        check(d, x, dtype)
+            cases = [("abs", t.abs(), np.abs(x), dtype),
+                     ("sign", t.sign(), np.sign(x.astype(np.int64)), dtype),
+                     ("relu", t.relu(), np.maximum(x, 0), dtype), ("neg", -t, -x, dtype)]
+    cases += [(n, getattr(t, n)(), x, dtype) for n in ("trunc", "floor", "ceil", "round")]
+    cases.append(("float", t.float(), x.astype(np.float32), F32))
+    check_all(cases)
 
 
 @pytest.mark.parametrize("dtype", [ag.int32, ag.uint8, ag.bool_])
-@pytest.mark.parametrize("name", ["exp", "sqrt", "sin", "sigmoid", "log2"])
 @given(seed=seeds)
-def test_unary_float_of_int(device: str, dtype: DType, name: str, seed: int, make: Any,
-                            check: Any) -> None:
-    fn, ref, _ = UNARY[name]
+def test_unary_float_of_int(device: str, dtype: DType, seed: int, make: Any,
+                            check_all: Any) -> None:
     x, t = make((2, 3, 5), dtype, seed, device, low=0, high=5)
-    with np.errstate(divide="ignore"):
-        check(fn(t), ref(f64(x)), F32)
+    cases = []
+    for name in ("exp", "sqrt", "sin", "sigmoid", "log2", "reciprocal"):
+        fn, ref, _ = UNARY[name]
+        with np.errstate(divide="ignore"):
+            cases.append((name, fn(t), ref(f64(x)), F32))
+    check_all(cases)
 
 
 # ---- min/max, where, comparisons, logic ------------------------------------------------------
@@ -403,49 +407,51 @@ def _ties(shape: tuple, dtype: DType, seed: int, host: Any) -> np.ndarray:
 @pytest.mark.parametrize("dtype", ALL)
 @given(seed=seeds, shapes=BINARY_SHAPES)
 def test_maximum_minimum(device: str, dtype: DType, seed: int, shapes: tuple, make: Any,
-                         check: Any) -> None:
+                         check_all: Any) -> None:
     a, ta = make(shapes[0], dtype, seed, device, **_wide(dtype))
     b, tb = make(shapes[1], dtype, seed + 1, device, **_wide(dtype))
-    check(ta.maximum(tb), np.maximum(a, b), dtype)
-    check(ta.minimum(tb), np.minimum(a, b), dtype)
-    check(ta.max(tb), np.maximum(a, b), dtype)
+    check_all([("maximum", ta.maximum(tb), np.maximum(a, b), dtype),
+               ("minimum", ta.minimum(tb), np.minimum(a, b), dtype),
+               ("max", ta.max(tb), np.maximum(a, b), dtype),
+               ("min", tb.min(ta), np.minimum(a, b), dtype)])
 
 
 def test_maximum_propagates_nan(device: str) -> None:
     a = ag.tensor([float("nan"), 1.0, 2.0, float("nan")], device=device)
     b = ag.tensor([1.0, float("nan"), 0.0, float("nan")], device=device)
-    for out in (a.maximum(b), a.minimum(b), b.maximum(a), b.minimum(a)):
-        got = out.numpy()
-        assert np.isnan(got[[0, 1, 3]]).all() and not np.isnan(got[2])
+    got = ag.stack([a.maximum(b), a.minimum(b), b.maximum(a), b.minimum(a)]).numpy()
+    for row in got:
+        assert np.isnan(row[[0, 1, 3]]).all() and not np.isnan(row[2]), got
 
 
 @pytest.mark.parametrize("dtype", NUMERIC)
 @given(seed=seeds)
-def test_clip(device: str, dtype: DType, seed: int, make: Any, check: Any) -> None:
+def test_clip(device: str, dtype: DType, seed: int, make: Any, check_all: Any) -> None:
     x, t = make((2, 3, 5), dtype, seed, device, low=0 if dtype == ag.uint8 else -3, high=5)
     lo = 1 if dtype == ag.uint8 else -1
-    check(t.clip(lo, 2), np.clip(x, lo, 2), dtype)
-    check(t.clamp(min=lo), np.maximum(x, lo), dtype)
-    check(t.clamp(max=2), np.minimum(x, 2), dtype)
     lo_t = ag.full((5,), lo, dtype=dtype, device=device)
-    check(t.clip(lo_t, 2), np.clip(x, lo, 2), dtype)
+    check_all([("clip", t.clip(lo, 2), np.clip(x, lo, 2), dtype),
+               ("min only", t.clamp(min=lo), np.maximum(x, lo), dtype),
+               ("max only", t.clamp(max=2), np.minimum(x, 2), dtype),
+               ("tensor bound", t.clip(lo_t, 2), np.clip(x, lo, 2), dtype)])
     with pytest.raises(ValueError, match="min or max"):
         t.clip()
 
 
 @pytest.mark.parametrize("dtype", ALL)
 @given(seed=seeds, shapes=BINARY_SHAPES)
-def test_where(device: str, dtype: DType, seed: int, shapes: tuple, make: Any, check: Any,
-               host: Any) -> None:
+def test_where(device: str, dtype: DType, seed: int, shapes: tuple, make: Any,
+               check_all: Any, host: Any) -> None:
     c = host(shapes[1], ag.bool_, seed + 2)
     a, ta = make(shapes[0], dtype, seed, device)
     b, tb = make(shapes[1], dtype, seed + 1, device)
     tc = ag.tensor(c, device=device)
-    check(ag.where(tc, ta, tb), np.where(c, a, b), dtype)
-    check(ta.where(tc, tb), np.where(c, a, b), dtype)
+    cases = [("where", ag.where(tc, ta, tb), np.where(c, a, b), dtype),
+             ("method", ta.where(tc, tb), np.where(c, a, b), dtype)]
     if dtype != ag.bool_:
-        check(ag.where(tc, ta, 0), np.where(c, a, 0), dtype)
-        check(ta.masked_fill(tc, 1), np.where(c, 1, a), dtype)
+        cases += [("scalar", ag.where(tc, ta, 0), np.where(c, a, 0), dtype),
+                  ("masked_fill", ta.masked_fill(tc, 1), np.where(c, 1, a), dtype)]
+    check_all(cases)
 
 
 def test_where_promotes_and_takes_scalars(device: str, check: Any) -> None:
@@ -463,60 +469,64 @@ def test_where_promotes_and_takes_scalars(device: str, check: Any) -> None:
 
 @pytest.mark.parametrize("dtype", ALL)
 @given(seed=seeds, shapes=BINARY_SHAPES)
-def test_comparisons(device: str, dtype: DType, seed: int, shapes: tuple, check: Any,
+def test_comparisons(device: str, dtype: DType, seed: int, shapes: tuple, check_all: Any,
                      host: Any) -> None:
     a, b = _ties(shapes[0], dtype, seed, host), _ties(shapes[1], dtype, seed + 1, host)
     ta, tb = ag.tensor(a, dtype=dtype, device=device), ag.tensor(b, dtype=dtype, device=device)
-    for got, want in [(ta < tb, a < b), (ta > tb, a > b), (ta <= tb, a <= b),
-                      (ta >= tb, a >= b), (ta == tb, a == b), (ta != tb, a != b)]:
-        check(got, want, ag.bool_)
-    check(ta.lt(1), a < 1, ag.bool_)
-    check(ta.ge(1), a >= 1, ag.bool_)
-    check(ta.eq(0), a == 0, ag.bool_)
+    B = ag.bool_
+    check_all([("<", ta < tb, a < b, B), (">", ta > tb, a > b, B), ("<=", ta <= tb, a <= b, B),
+               (">=", ta >= tb, a >= b, B), ("==", ta == tb, a == b, B),
+               ("!=", ta != tb, a != b, B), ("lt 1", ta.lt(1), a < 1, B),
+               ("ge 1", ta.ge(1), a >= 1, B), ("eq 0", ta.eq(0), a == 0, B),
+               ("gt method", ta.gt(tb), a > b, B), ("le method", ta.le(tb), a <= b, B),
+               ("ne method", ta.ne(tb), a != b, B)])
 
 
-def test_comparison_with_float_scalar_promotes(device: str, check: Any) -> None:
+def test_comparison_with_float_scalar_promotes(device: str, check_all: Any) -> None:
     t = ag.tensor([0, 1, 2, 3], dtype=ag.int32, device=device)
-    check(t < 1.5, np.array([True, True, False, False]), ag.bool_)
-    check(t == 2.0, np.array([False, False, True, False]), ag.bool_)
-    check(t > -0.5, np.array([True] * 4), ag.bool_)
+    check_all([("<", t < 1.5, np.array([True, True, False, False]), ag.bool_),
+               ("==", t == 2.0, np.array([False, False, True, False]), ag.bool_),
+               (">", t > -0.5, np.array([True] * 4), ag.bool_)])
 
 
 @pytest.mark.parametrize("dtype", [ag.bool_, ag.int32, F32, ag.uint8])
 @given(seed=seeds, shapes=BINARY_SHAPES)
-def test_logical(device: str, dtype: DType, seed: int, shapes: tuple, check: Any,
+def test_logical(device: str, dtype: DType, seed: int, shapes: tuple, check_all: Any,
                  host: Any) -> None:
     a, b = _ties(shapes[0], dtype, seed, host), _ties(shapes[1], dtype, seed + 1, host)
     ta, tb = ag.tensor(a, dtype=dtype, device=device), ag.tensor(b, dtype=dtype, device=device)
-    check(ta.logical_and(tb), np.logical_and(a, b), ag.bool_)
-    check(ta.logical_or(tb), np.logical_or(a, b), ag.bool_)
-    check(ta.logical_xor(tb), np.logical_xor(a, b), ag.bool_)
-    check(ta.logical_not(), np.logical_not(a), ag.bool_)
+    check_all([("and", ta.logical_and(tb), np.logical_and(a, b), ag.bool_),
+               ("or", ta.logical_or(tb), np.logical_or(a, b), ag.bool_),
+               ("xor", ta.logical_xor(tb), np.logical_xor(a, b), ag.bool_),
+               ("not", ta.logical_not().expand_as(ta.logical_and(tb)),
+                np.broadcast_to(np.logical_not(a), np.broadcast_shapes(a.shape, b.shape)),
+                ag.bool_)])
 
 
 @pytest.mark.parametrize("dtype", INTS + [ag.bool_])
 @given(seed=seeds, shapes=BINARY_SHAPES)
 def test_bitwise(device: str, dtype: DType, seed: int, shapes: tuple, make: Any,
-                 check: Any) -> None:
+                 check_all: Any) -> None:
     a, ta = make(shapes[0], dtype, seed, device, **_wide(dtype))
     b, tb = make(shapes[1], dtype, seed + 1, device, **_wide(dtype))
-    check(ta & tb, a & b, dtype)
-    check(ta | tb, a | b, dtype)
-    check(ta ^ tb, a ^ b, dtype)
-    check(~ta, ~a, dtype)
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    check_all([("&", ta & tb, a & b, dtype), ("|", ta | tb, a | b, dtype),
+               ("^", ta ^ tb, a ^ b, dtype),
+               ("~", (~ta).expand(shape), np.broadcast_to(~a, shape), dtype)])
 
 
 @pytest.mark.parametrize("dtype", INTS)
 @given(seed=seeds)
-def test_shifts(device: str, dtype: DType, seed: int, make: Any, check: Any,
+def test_shifts(device: str, dtype: DType, seed: int, make: Any, check_all: Any,
                 host: Any) -> None:
     a, ta = make((2, 3, 5), dtype, seed, device, **_wide(dtype))
     s = host((5,), dtype, seed + 1, low=0, high=7)
     ts = ag.tensor(s, dtype=dtype, device=device)
     with np.errstate(over="ignore"):
-        check(ta << ts, np.left_shift(a, s), dtype)
-    check(ta >> ts, np.right_shift(a, s), dtype)
-    check(ta >> 1, np.right_shift(a, dtype.np(1)), dtype)
+        check_all([("<<", ta << ts, np.left_shift(a, s), dtype),
+                   (">>", ta >> ts, np.right_shift(a, s), dtype),
+                   (">> 1", ta >> 1, np.right_shift(a, dtype.np(1)), dtype),
+                   ("<< 2", ta << 2, np.left_shift(a, dtype.np(2)), dtype)])
 
 
 # ---- casts ------------------------------------------------------------------------------------
@@ -538,12 +548,18 @@ def _cast_ref(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dst", ALL)
-@pytest.mark.parametrize("src", ALL)
 @given(seed=seeds)
-def test_cast(device: str, src: DType, dst: DType, seed: int, check: Any, host: Any) -> None:
-    x = _cast_source(src, dst, seed, host)
-    t = ag.tensor(x, dtype=src, device=device)
-    check(t.cast(dst), _cast_ref(x, src, dst), dst)
+def test_cast(device: str, dst: DType, seed: int, check_all: Any, host: Any) -> None:
+    """Every source dtype the device has into ``dst`` (a few sources per kernel)."""
+    dev = get_device(device)
+    cases = []
+    for k, src in enumerate(ALL):
+        if not dev.supports(src):
+            continue
+        x = _cast_source(src, dst, seed + k, host)
+        t = ag.tensor(x, dtype=src, device=device)
+        cases.append((f"{src.name} -> {dst.name}", t.cast(dst), _cast_ref(x, src, dst), dst))
+    check_all(cases, chunk=5)
 
 
 def test_cast_rounds_to_nearest_even(device: str, check: Any) -> None:
@@ -559,30 +575,21 @@ def test_cast_rounds_to_nearest_even(device: str, check: Any) -> None:
         check(t.bfloat16(), want, BF16, rtol=0, atol=0)
 
 
-def test_to_and_type_conversions(device: str, check: Any) -> None:
+def test_to_and_type_conversions(device: str, check_all: Any) -> None:
     t = ag.tensor([1.7, -2.2, 0.0], device=device)
-    check(t.int(), np.array([1, -2, 0]), ag.int32)
-    check(t.long(), np.array([1, -2, 0]), ag.int64)
-    check(t.bool(), np.array([True, True, False]), ag.bool_)
-    check(t.to("int8"), np.array([1, -2, 0]), ag.int8)
-    check(t.to(dtype=ag.int32), np.array([1, -2, 0]), ag.int32)
-    check(t.type(ag.int64).float(), np.array([1.0, -2.0, 0.0]), F32)
+    check_all([("int", t.int(), np.array([1, -2, 0]), ag.int32),
+               ("long", t.long(), np.array([1, -2, 0]), ag.int64),
+               ("bool", t.bool(), np.array([True, True, False]), ag.bool_),
+               ("to str", t.to("int8"), np.array([1, -2, 0]), ag.int8),
+               ("to kw", t.to(dtype=ag.int32), np.array([1, -2, 0]), ag.int32),
+               ("type", t.type(ag.int64).float(), np.array([1.0, -2.0, 0.0]), F32)])
     assert t.is_floating_point() and not t.int().is_floating_point()
     assert t.to(F32) is t
 
 
 # ---- reductions -------------------------------------------------------------------------------
-REDUCE_CASES = st.sampled_from([((2, 3, 5), None), ((2, 3, 5), 1), ((2, 3, 5), (0, 2)),
-                                ((4, 33), -1)])
-
-
-def _np_axis(axis: Any) -> Any:
-    return tuple(axis) if isinstance(axis, list) else axis
-
-
-def _reduce_input(shape: tuple, dtype: DType, seed: int, make: Any, device: str,
-                  **kw: Any) -> tuple[np.ndarray, ag.Tensor]:
-    return make(shape, dtype, seed, device, **kw)
+REDUCE_CASES = st.sampled_from([((2, 3, 5), None), ((2, 3, 5), 1), ((4, 33), -1)])
+AXIS_CASES = st.sampled_from([((3, 5), 1), ((3, 5), 0), ((2, 33), -1)])
 
 
 @pytest.mark.parametrize("dtype", ALL)
@@ -593,9 +600,17 @@ def test_sum(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool, m
     x, t = make(shape, dtype, seed, device, **_wide(dtype))
     want = dtype if dtype.is_float else ag.int64  # integers and bools sum into int64
     ref = np.sum(f64(x) if dtype.is_float else x.astype(np.int64), axis=axis, keepdims=keepdim)
-    tol = {"rtol": 2e-2, "atol": 2e-1} if dtype == BF16 else {}
+    # the sum is rounded once, but its size (up to 100 here) scales bfloat16's absolute error
+    tol = {"atol": 1e-2 * np.abs(x).sum() / 30} if dtype == BF16 else {}
     check(t.sum(axis, keepdim=keepdim), ref, want, **tol)
     check(t.sum(dim=axis, keepdim=keepdim), ref, want, **tol)
+
+
+def test_sum_over_several_axes(device: str, check: Any) -> None:
+    x = np.arange(30, dtype=np.float32).reshape(2, 3, 5)
+    t = ag.tensor(x, device=device)
+    check(t.sum((0, 2)), x.sum((0, 2)), F32)
+    check(t.sum([-1, 0], keepdim=True), x.sum((0, 2), keepdims=True), F32)
 
 
 def test_sum_with_dtype(device: str, check: Any) -> None:
@@ -614,12 +629,8 @@ def test_mean_var_std(device: str, dtype: DType, seed: int, case: tuple, keepdim
     xf = f64(x)
     check(t.mean(axis, keepdim=keepdim), np.mean(xf, axis=axis, keepdims=keepdim), dtype)
     check(t.var(axis, keepdim=keepdim), np.var(xf, axis=axis, ddof=1, keepdims=keepdim), dtype)
-    check(t.var(axis, keepdim=keepdim, correction=0),
-          np.var(xf, axis=axis, keepdims=keepdim), dtype)
     check(t.std(axis, keepdim=keepdim, unbiased=False),
           np.std(xf, axis=axis, keepdims=keepdim), dtype)
-    check(t.std(dim=axis, keepdim=keepdim), np.std(xf, axis=axis, ddof=1, keepdims=keepdim),
-          dtype)
 
 
 @pytest.mark.parametrize("dtype", ALL)
@@ -635,9 +646,8 @@ def test_max_min_amax_amin(device: str, dtype: DType, seed: int, case: tuple, ke
         check(t.min(), np.amin(x), dtype)
 
 
-@pytest.mark.parametrize("dtype", ALL)
-@given(seed=seeds, case=st.sampled_from([((7,), 0), ((3, 5), 1), ((3, 5), 0), ((2, 33), -1)]),
-       keepdim=st.booleans())
+@pytest.mark.parametrize("dtype", [F32, BF16, ag.int64, ag.int8, ag.uint8, ag.bool_])
+@given(seed=seeds, case=AXIS_CASES, keepdim=st.booleans())
 def test_argmax_argmin(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool,
                        check: Any, host: Any) -> None:
     shape, axis = case
@@ -666,33 +676,44 @@ def test_argmax_without_axis_and_nan(device: str, check: Any) -> None:
     assert np.isnan(n.max().item())
 
 
+def test_min_max_of_integer_extremes(device: str, check: Any) -> None:
+    """-x overflows at the minimum of a signed type; min and argmin must not rely on it."""
+    dev = get_device(device)
+    for d in (ag.int8, ag.int32, ag.int64, ag.uint8):
+        if not dev.supports(d):
+            continue
+        info = np.iinfo(d.np)
+        x = np.array([[0, info.min, info.max, -1 if info.min else 1]], dtype=d.np)
+        t = ag.tensor(x, dtype=d, device=device)
+        check(t.amin(1), x.min(1), d)
+        check(t.argmin(1), x.argmin(1), ag.int64)
+        check(t.amax(1), x.max(1), d)
+        check(t.argmax(1), x.argmax(1), ag.int64)
+
+
 @pytest.mark.parametrize("dtype", [F32, F16, ag.int32, ag.int64, ag.int8, ag.bool_])
-@given(seed=seeds, case=REDUCE_CASES, keepdim=st.booleans())
+@given(seed=seeds, case=st.sampled_from([((2, 3, 5), 1), ((4, 33), -1), ((2, 3, 5), None)]),
+       keepdim=st.booleans())
 def test_prod(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool, make: Any,
               check: Any) -> None:
     shape, axis = case
     kw = {"low": 0.7, "high": 1.3} if dtype.is_float else {"low": -2, "high": 2}
     x, t = make(shape, dtype, seed, device, **kw)
     if axis is None and dtype.is_int:
-        x = np.clip(x, -1, 1)  # 3**30 does not fit
+        x = np.clip(x, -1, 1)  # 2**30 would not fit int32 inputs' int64 product... keep it small
         t = ag.tensor(x, dtype=dtype, device=device)
     want = dtype if dtype.is_float else ag.int64
-    ref = np.prod(f64(x) if dtype.is_float else x.astype(np.int64), axis=_np_axis(axis),
-                  keepdims=keepdim)
-    axis_arg = axis if not isinstance(axis, tuple) else None
-    if isinstance(axis, tuple):
-        ref = np.prod(f64(x) if dtype.is_float else x.astype(np.int64), keepdims=keepdim)
-    tol = {"rtol": 1e-4} if dtype == F32 else {}
-    check(t.prod(axis_arg, keepdim=keepdim), ref, want, **tol)
+    ref = np.prod(f64(x) if dtype.is_float else x.astype(np.int64), axis=axis, keepdims=keepdim)
+    tol = {"rtol": 1e-4} if dtype == F32 else {}  # a product of 33 roundings
+    check(t.prod(axis, keepdim=keepdim), ref, want, **tol)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@given(seed=seeds, case=REDUCE_CASES, keepdim=st.booleans())
+@given(seed=seeds, case=st.sampled_from([((2, 3, 5), (0, 1, 2)), ((2, 3, 5), 1),
+                                         ((4, 33), -1)]), keepdim=st.booleans())
 def test_logsumexp(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool,
                    make: Any, check: Any) -> None:
     shape, axis = case
-    if axis is None:
-        axis = (0, 1, 2)
     x, t = make(shape, dtype, seed, device, low=-5, high=5)
     ref = torch.logsumexp(torch.from_numpy(f64(x)), axis, keepdim=keepdim).numpy()
     check(t.logsumexp(axis, keepdim=keepdim), ref, dtype)
@@ -706,8 +727,7 @@ def test_logsumexp_of_infinities(device: str) -> None:
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
-@given(seed=seeds, case=st.sampled_from([((7,), 0), ((3, 5), 1), ((3, 5), 0), ((2, 3, 33), -1),
-                                         ((2, 3, 5), 1)]))
+@given(seed=seeds, case=st.sampled_from([((3, 5), 1), ((3, 5), 0), ((2, 3, 33), -1)]))
 def test_softmax(device: str, dtype: DType, fn: str, seed: int, case: tuple, make: Any,
                  check: Any) -> None:
     shape, axis = case
@@ -724,7 +744,7 @@ def test_softmax_of_ints_and_with_dtype(device: str, check: Any) -> None:
     check(ag.tensor(x, device=device).softmax(-1, dtype=F32), ref, F32)
 
 
-@pytest.mark.parametrize("dtype", ALL)
+@pytest.mark.parametrize("dtype", [F32, ag.int8, ag.uint8, ag.bool_])
 @given(seed=seeds, case=REDUCE_CASES, keepdim=st.booleans())
 def test_all_any(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool, check: Any,
                  host: Any) -> None:

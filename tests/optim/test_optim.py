@@ -109,3 +109,17 @@ def test_errors() -> None:
         ag.optim.SGD([ag.tensor([1.0], requires_grad=True)], lr=0.1, nesterov=True)
     with pytest.raises(ValueError):
         ag.optim.Adam([ag.tensor([1.0], requires_grad=True)], betas=(1.5, 0.9))
+
+
+def test_values_built_before_a_step_see_the_old_parameters(device: str) -> None:
+    """`loss.item()` after `opt.step()` is the loss of the parameters it was computed from."""
+    start = np.random.default_rng().standard_normal(5).astype(np.float32)
+    w = ag.tensor(start, device=device, requires_grad=True)
+    opt = ag.optim.SGD([w], lr=0.5, momentum=0.9)
+    out = (w * 3).exp()
+    loss = out.sum()
+    loss.backward()
+    opt.step()
+    np.testing.assert_allclose(loss.item(), np.exp(start * 3).sum(), rtol=1e-5)
+    np.testing.assert_allclose(out.numpy(), np.exp(start * 3), rtol=1e-5)
+    assert not np.allclose(w.numpy(), start)
