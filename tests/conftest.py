@@ -170,7 +170,8 @@ def check_all_fixture() -> Callable[..., None]:
 def host(shape: tuple[int, ...], dtype: DType, seed: int, low: float = -3.0,
          high: float = 3.0, away_from_zero: float = 0.0) -> np.ndarray:
     """Random host data exactly representable in ``dtype`` (bfloat16 as rounded float32),
-    never all zeros. Values lie in [low, high); with ``away_from_zero``, |value| >= it."""
+    never all zeros. Values lie in [low, high) (integers: [low, high]); with
+    ``away_from_zero``, no value is nearer to zero than that."""
     rng = np.random.default_rng(seed)
     if dtype == dt.bool_:
         out = rng.random(shape) < 0.5

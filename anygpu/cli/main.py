@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("demo", help="train a small CNN on handwritten digits")
     p.add_argument("--device", default=None,
                    help='e.g. "cpu", "opencl", "cuda:0", "webgpu" (default: the best available)')
-    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.set_defaults(func=cmd_demo)

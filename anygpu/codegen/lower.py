@@ -394,28 +394,38 @@ def _reduce_loop(ast: KernelAST, start: ir.Expr, step: ir.Expr, total: int,
     return ir.For("ridx", start, ir.const(total, dt), step, inner)
 
 
+def _nested(dims: list[tuple[str, int, bool]], dt: DType, body: list[ir.Stmt]) -> list[ir.Stmt]:
+    """One loop per dimension, innermost last: no division to recover the indices (cpu)."""
+    for name, size, _ in reversed(dims):
+        body = [ir.For(name, ir.const(0, dt), ir.const(size, dt), ir.const(1, dt), body)]
+    return body
+
+
 def _cpu_body(ast: KernelAST, store: ir.Store, outer_total: int) -> list[ir.Stmt]:
     dt = ast.index_dtype
     red_total = math.prod(d[1] for d in ast.reduce)
     work = outer_total * max(red_total, 1)
-    one = ir.const(1, dt)
     inner: list[ir.Stmt] = []
     for k, stage in enumerate(ast.stages):
         acc = f"acc{k}"
         inner.append(ir.Decl(acc, stage.dtype, reduce_identity(stage.op, stage.dtype)))
-        loop = _reduce_loop(ast, ir.const(0, dt), one, red_total, [_accumulate(stage, acc)])
+        loops = _nested(ast.reduce, dt, [_accumulate(stage, acc)])
         if outer_total == 1 and len(ast.stages) == 1 and work >= 1 << 15:
+            loop = loops[0]
             assert isinstance(loop, ir.For)
             loop.parallel, loop.reduction = True, (REDUCE_ALU[stage.op], acc)
-        inner.append(loop)
+        inner += loops
     if ast.reduce and not ast.reduced_output:
-        inner.append(_reduce_loop(ast, ir.const(0, dt), one, red_total, [store]))
+        inner += _nested(ast.reduce, dt, [store])
     else:
         inner.append(store)
     if not ast.outer:
         return inner
-    outer = ir.For("oidx", ir.const(0, dt), ir.const(outer_total, dt), one,
-                   _decompose(ir.var("oidx", dt), ast.outer) + inner,
+    # the outermost loop is split across threads when there is enough work for it
+    one = ir.const(1, dt)
+    first = ast.outer[0]
+    body = _nested(ast.outer[1:], dt, inner)
+    outer = ir.For(first[0], ir.const(0, dt), ir.const(first[1], dt), one, body,
                    parallel=work >= 1 << 15)
     return [outer]
 

@@ -164,6 +164,13 @@ def movement_shape(shape: Shape, op: Op, arg: Any) -> Shape:
     raise AssertionError(op)
 
 
+def is_view_of_buffer(node: "Lazy") -> bool:
+    """Whether ``node`` only re-indexes realized memory (it needs no kernel of its own)."""
+    while node.op in MOVEMENT and not node.realized:
+        node = node.srcs[0]
+    return node.realized and node is not None
+
+
 def pending_readers(target: "Lazy", exclude: "Lazy") -> list["Lazy"]:
     """The unrealized computations alive now that read ``target`` (other than ``exclude``):
     the ends of its chains of consumers, each taken back through pure views to the node that
@@ -173,17 +180,18 @@ def pending_readers(target: "Lazy", exclude: "Lazy") -> list["Lazy"]:
     stack = [target]
     while stack:
         node = stack.pop()
-        alive = [c for c in (r() for r in node.consumers) if c is not None and not c.realized]
-        node.consumers = [weakref.ref(c) for c in alive] if node is not target else \
-            [r for r in node.consumers if r() is not None]
-        if not alive and node is not target:
+        consumers = [c for c in (r() for r in node.consumers) if c is not None]
+        node.consumers = [weakref.ref(c) for c in consumers]
+        # a node some realized node was computed from is a leftover of that computation (held
+        # by autograd records), not a value anyone is waiting for
+        if not consumers and node is not target:
             end = node
             while end.op in MOVEMENT and end.srcs and not end.srcs[0].realized:
                 end = end.srcs[0]
             if end.op not in MOVEMENT and end is not exclude:
                 found[id(end)] = end
-        for c in alive:
-            if id(c) not in seen:
+        for c in consumers:
+            if not c.realized and id(c) not in seen:
                 seen.add(id(c))
                 stack.append(c)
     return list(found.values())

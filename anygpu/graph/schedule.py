@@ -21,7 +21,7 @@ from anygpu.codegen import ir, lower
 from anygpu.codegen.render.cstyle import render
 from anygpu.codegen.render.wgsl import launch_groups
 from anygpu.dtype import DType, bfloat16
-from anygpu.graph.lazy import Lazy, pending_readers
+from anygpu.graph.lazy import Lazy, is_view_of_buffer, pending_readers
 from anygpu.ops.primitives import Op
 from anygpu.runtime.base import Buffer, Device, Program
 from anygpu.runtime.registry import get_device
@@ -149,8 +149,11 @@ def from_storage(raw: np.ndarray, dtype: DType) -> np.ndarray:
 
 
 def read_buffer(node: Lazy) -> np.ndarray:
-    """The realized node's contents as a host array of its logical shape."""
-    assert node.buffer is not None
+    """The node's contents as a host array of its logical shape."""
+    if node.buffer is None:  # a view: read it through a temporary contiguous copy
+        temp = node.contiguous()
+        realize(temp)
+        return read_buffer(temp)
     device = get_device(node.device)
     store = device.storage_dtype(node.dtype)
     raw = np.empty(max(node.numel, 1), dtype=store.np)
@@ -265,8 +268,11 @@ def _run_kernel(item: KernelItem) -> None:
 
 
 def realize(*nodes: Lazy) -> None:
-    """Compute ``nodes`` into device buffers (launches are queued; this does not wait)."""
-    pending = [n for n in nodes if not n.realized]
+    """Compute ``nodes`` into device buffers (launches are queued; this does not wait).
+
+    A view of realized memory stays a view: giving it a copy of its own would cut it off from
+    the memory it shows (a parameter living in an optimizer's flat buffer)."""
+    pending = [n for n in nodes if not n.realized and not is_view_of_buffer(n)]
     if pending:
         run(schedule(pending))
 

@@ -143,6 +143,13 @@ class CStyleRenderer:
         if op == "where":
             c, a, b = (self.expr(s) for s in e.srcs)
             return self.select(c, a, b)
+        if op in ("idiv", "mod") and e.srcs[1].op != "const":
+            # lanes masked out by a pad or a guard load zeros and still divide (shared values
+            # are computed before the select that discards them): a zero divisor traps on CPUs
+            a, b = self.expr(e.srcs[0]), self.expr(e.srcs[1], True)
+            zero, one = self.literal(0, e.srcs[1].dtype), self.literal(1, e.srcs[1].dtype)
+            b = self.select(f"({b} != {zero})", b, one)
+            return self.wrap(f"({a} {BINARY_INFIX[op]} {b})", e.dtype)
         args = [self.expr(s) for s in e.srcs]
         if op in self.math_fns:
             return self.math_fns[op].format(*args)
