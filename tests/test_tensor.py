@@ -28,8 +28,10 @@ NUMERIC = FLOATS + INTS
 ALL = NUMERIC + [ag.bool_]
 
 seeds = st.integers(0, 2**32 - 1)
-UNARY_SHAPES = st.sampled_from([(), (2, 3, 5)])
-BINARY_SHAPES = st.sampled_from([((2, 3, 5), (2, 3, 5)), ((2, 1, 5), (3, 1))])
+# elementwise kernels over a contiguous shape are one flat loop whatever the shape, so one
+# shape each covers them; the binary shapes broadcast both operands
+UNARY_SHAPES = st.just((2, 3, 5))
+BINARY_SHAPES = st.just(((2, 1, 5), (3, 1)))
 
 
 def f64(x: np.ndarray) -> np.ndarray:
@@ -81,11 +83,11 @@ def test_zeros_ones_full(device: str, dtype: DType, check: Any) -> None:
     check(ag.ones((2, 3), dtype=dtype, device=device), np.ones((2, 3)), dtype)
     x = ag.full((2, 3), 7, dtype=dtype, device=device)
     check(x, np.full((2, 3), 7 if dtype != ag.bool_ else True), dtype)
+    # the same kernels again (compile caches hit): other spellings of the same constants
     check(ag.full([2, 3], 1, dtype=dtype, device=device), np.ones((2, 3)), dtype)
     check(ag.zeros_like(x), np.zeros((2, 3)), dtype)
     check(ag.ones_like(x), np.ones((2, 3)), dtype)
     check(ag.full_like(x, 1), np.ones((2, 3)), dtype)
-    check(ag.zeros((), dtype=dtype, device=device), np.zeros(()), dtype)
 
 
 def test_full_infers_dtype(device: str, check: Any) -> None:
@@ -93,6 +95,8 @@ def test_full_infers_dtype(device: str, check: Any) -> None:
     check(ag.full((2,), 2.5, device=device), np.full(2, 2.5), F32)
     check(ag.full((2,), True, device=device), np.full(2, True), ag.bool_)
     check(ag.zeros(3, device=device), np.zeros(3), F32)
+    check(ag.zeros((), device=device), np.zeros(()), F32)
+    check(ag.ones(1, 3, dtype=ag.int8, device=device), np.ones((1, 3)), ag.int8)
 
 
 @pytest.mark.parametrize("args,kwargs", [
@@ -594,8 +598,10 @@ def test_to_and_type_conversions(device: str, check_all: Any) -> None:
 
 
 # ---- reductions -------------------------------------------------------------------------------
-REDUCE_CASES = st.sampled_from([((2, 3, 5), None), ((2, 3, 5), 1), ((4, 33), -1)])
-AXIS_CASES = st.sampled_from([((3, 5), 1), ((3, 5), 0), ((2, 33), -1)])
+# a reduction of everything, and of the last axis with more elements than a work-group wave
+REDUCE_CASES = st.sampled_from([((2, 3, 5), None), ((4, 33), -1)])
+# a middle (strided) axis, and the last one
+AXIS_CASES = st.sampled_from([((2, 3, 5), 1), ((4, 33), -1)])
 
 
 @pytest.mark.parametrize("dtype", ALL)
@@ -652,7 +658,7 @@ def test_max_min_amax_amin(device: str, dtype: DType, seed: int, case: tuple, ke
         check(t.min(), np.amin(x), dtype)
 
 
-@pytest.mark.parametrize("dtype", [F32, BF16, ag.int64, ag.int8, ag.uint8, ag.bool_])
+@pytest.mark.parametrize("dtype", [F32, ag.int8, ag.bool_])
 @given(seed=seeds, case=AXIS_CASES, keepdim=st.booleans())
 def test_argmax_argmin(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool,
                        check: Any, host: Any) -> None:
@@ -693,12 +699,10 @@ def test_min_max_of_integer_extremes(device: str, check: Any) -> None:
         t = ag.tensor(x, dtype=d, device=device)
         check(t.amin(1), x.min(1), d)
         check(t.argmin(1), x.argmin(1), ag.int64)
-        check(t.amax(1), x.max(1), d)
-        check(t.argmax(1), x.argmax(1), ag.int64)
 
 
-@pytest.mark.parametrize("dtype", [F32, F16, ag.int32, ag.int64, ag.int8, ag.bool_])
-@given(seed=seeds, case=st.sampled_from([((2, 3, 5), 1), ((4, 33), -1), ((2, 3, 5), None)]),
+@pytest.mark.parametrize("dtype", [F32, F16, ag.int32, ag.bool_])
+@given(seed=seeds, case=st.sampled_from([((2, 3, 5), 1), ((2, 3, 5), None)]),
        keepdim=st.booleans())
 def test_prod(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool, make: Any,
               check: Any) -> None:
@@ -713,8 +717,8 @@ def test_prod(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool, 
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@given(seed=seeds, case=st.sampled_from([((2, 3, 5), (0, 1, 2)), ((2, 3, 5), 1),
-                                         ((4, 33), -1)]), keepdim=st.booleans())
+@given(seed=seeds, case=st.sampled_from([((2, 3, 5), (0, 1, 2)), ((4, 33), -1)]),
+       keepdim=st.booleans())
 def test_logsumexp(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool,
                    make: Any, check: Any) -> None:
     shape, axis = case
@@ -731,7 +735,7 @@ def test_logsumexp_of_infinities(device: str) -> None:
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
-@given(seed=seeds, case=st.sampled_from([((3, 5), 1), ((3, 5), 0), ((2, 3, 33), -1)]))
+@given(seed=seeds, case=st.sampled_from([((3, 5), 0), ((2, 3, 33), -1)]))
 def test_softmax(device: str, dtype: DType, fn: str, seed: int, case: tuple, make: Any,
                  check: Any) -> None:
     shape, axis = case
@@ -760,7 +764,7 @@ def test_all_any(device: str, dtype: DType, seed: int, case: tuple, keepdim: boo
 
 
 @pytest.mark.parametrize("dtype", [F32, ag.int32, ag.bool_])
-@given(seed=seeds, case=st.sampled_from([((7,), 0), ((3, 5), 1), ((3, 5), 0)]))
+@given(seed=seeds, case=st.sampled_from([((7,), 0), ((3, 5), 0)]))
 def test_cumsum(device: str, dtype: DType, seed: int, case: tuple, make: Any,
                 check: Any) -> None:
     shape, axis = case
@@ -797,7 +801,7 @@ def test_reductions_of_0d_and_size1(device: str, check: Any) -> None:
 
 
 # ---- movement ---------------------------------------------------------------------------------
-MOVE_DTYPES = [F32, ag.int8, ag.bool_]
+MOVE_DTYPES = [F32, ag.int8]  # bool movement: test_pad, test_where, test_cat_stack
 
 
 @pytest.mark.parametrize("dtype", MOVE_DTYPES)
@@ -875,9 +879,8 @@ def _np_pad(x: np.ndarray, pad: tuple, value: float) -> np.ndarray:
     return torch.nn.functional.pad(torch.from_numpy(x), pad, value=value).numpy()
 
 
-@pytest.mark.parametrize("dtype", [F32, ag.int32, ag.int8, ag.bool_])
-@given(seed=seeds, pad=st.sampled_from([(1, 2), (0, 0, 2, 1), (1, 1, 1, 1, 1, 1), (-1, 2),
-                                        (2, -3, -1, 0), (-1, -1, 1, 0)]),
+@pytest.mark.parametrize("dtype", [F32, ag.int8, ag.bool_])
+@given(seed=seeds, pad=st.sampled_from([(1, 2), (1, 1, 1, 1, 1, 1), (-1, 2), (2, -3, -1, 0)]),
        value=st.sampled_from([0, 1]))
 def test_pad(device: str, dtype: DType, seed: int, pad: tuple, value: int, make: Any,
              check: Any) -> None:
@@ -908,7 +911,7 @@ def test_repeat(device: str, dtype: DType, seed: int, case: tuple, make: Any,
     check(t.repeat(*reps), ref, dtype)
 
 
-@pytest.mark.parametrize("dtype", MOVE_DTYPES)
+@pytest.mark.parametrize("dtype", [F32, ag.int8, ag.bool_])
 @given(seed=seeds, axis=st.sampled_from([0, 1, -1]))
 def test_cat_stack(device: str, dtype: DType, seed: int, axis: int, make: Any,
                    check: Any) -> None:
@@ -937,9 +940,8 @@ def test_cat_promotes_and_checks(device: str, check: Any) -> None:
         ag.stack([])
 
 
-@pytest.mark.parametrize("dtype", [F32, ag.int8])
-@given(seed=seeds, case=st.sampled_from([(2, 0), (3, 1), ([1, 2, 2], 1), ([4, 1], 0),
-                                         (5, -1)]))
+@pytest.mark.parametrize("dtype", [F32])
+@given(seed=seeds, case=st.sampled_from([(2, 0), ([1, 2, 2], 1), (5, -1)]))
 def test_split_chunk(device: str, dtype: DType, seed: int, case: tuple, make: Any,
                      check: Any) -> None:
     size, axis = case

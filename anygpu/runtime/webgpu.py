@@ -154,7 +154,6 @@ class _Timer:
 class WebGPUProgram(Program):
     """A compute pipeline with an explicit layout of one storage buffer per binding."""
 
-    _BIND_GROUP_CACHE = 64
     device: WebGPUDevice
 
     def __init__(self, device: WebGPUDevice, name: str, pipeline: Any, layout: Any,
@@ -177,9 +176,11 @@ class WebGPUProgram(Program):
         entries = [{"binding": i, "resource": {"buffer": h, "offset": 0, "size": h.size}}
                    for i, h in enumerate(handles)]
         group = self.device.gpu.create_bind_group(layout=self.layout, entries=entries)
+        # Bind groups are never released while the program lives: with wgpu-native 29, releasing
+        # one and then binding its buffers again failed ("invalid bind group entry", a panic),
+        # after about a thousand launches. The caching allocator keeps the number of distinct
+        # buffer combinations small, so the cache stays small too.
         self._bind_groups[key] = (group, handles)
-        if len(self._bind_groups) > self._BIND_GROUP_CACHE:
-            self._bind_groups.popitem(last=False)
         return group
 
     def _check(self, buffers: Sequence[Buffer], groups: tuple[int, int, int],

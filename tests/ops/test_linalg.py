@@ -15,12 +15,10 @@ from anygpu.ops.linalg import outer
 
 seeds = st.integers(0, 2**32 - 1)
 SHAPES = [((4,), (4,)), ((4,), (4, 3)), ((2, 4), (4,)), ((3, 4), (4, 5)), ((1, 33), (33, 2)),
-          ((2, 3, 4), (4, 5)), ((3, 4), (2, 4, 5)), ((2, 1, 3, 4), (5, 4, 2)), ((4,), (2, 4, 3)),
-          ((2, 3, 4), (4,))]
+          ((3, 4), (2, 4, 5)), ((2, 1, 3, 4), (5, 4, 2))]
 
 
-@pytest.mark.parametrize("dtype", [ag.float32, ag.float16, ag.bfloat16, ag.int32, ag.int64,
-                                   ag.int8])
+@pytest.mark.parametrize("dtype", [ag.float32, ag.float16, ag.bfloat16, ag.int32, ag.int8])
 @given(seed=seeds, shapes=st.sampled_from(SHAPES))
 def test_matmul(device: str, dtype: DType, seed: int, shapes: tuple, make: Any,
                 check: Any) -> None:

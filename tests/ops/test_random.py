@@ -25,7 +25,7 @@ def _restore_seed():
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@settings(max_examples=5)
+@settings(max_examples=3)  # the seed is part of the kernels: each one compiles anew
 @given(seed=seeds)
 def test_rand_range_and_moments(device: str, dtype: DType, seed: int) -> None:
     ag.manual_seed(seed)
@@ -41,7 +41,7 @@ def test_rand_range_and_moments(device: str, dtype: DType, seed: int) -> None:
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@settings(max_examples=5)
+@settings(max_examples=3)
 @given(seed=seeds)
 def test_randn_moments(device: str, dtype: DType, seed: int) -> None:
     ag.manual_seed(seed)
@@ -55,8 +55,8 @@ def test_randn_moments(device: str, dtype: DType, seed: int) -> None:
     assert abs(np.mean(x ** 3)) < 0.1
 
 
-@pytest.mark.parametrize("dtype", [ag.int64, ag.int32, ag.int8, ag.uint8])
-@settings(max_examples=5)
+@pytest.mark.parametrize("dtype", [ag.int64, ag.uint8])
+@settings(max_examples=4)
 @given(seed=seeds, bounds=st.sampled_from([(0, 2), (-3, 4), (5, 12), (0, 100)]))
 def test_randint(device: str, dtype: DType, seed: int, bounds: tuple) -> None:
     low, high = bounds
@@ -100,6 +100,7 @@ def test_seed_determinism(device: str) -> None:
     np.testing.assert_array_equal(both, np.concatenate([first, second]))
 
 
+@settings(max_examples=3)
 @given(seed=seeds)
 def test_same_numbers_on_every_backend(devices: list[str], seed: int) -> None:
     results: dict[str, list[np.ndarray]] = {}
