@@ -10,6 +10,7 @@ reason when its library or driver is missing) and a ``Device`` subclass named ``
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import threading
 from types import ModuleType
@@ -32,6 +33,18 @@ class BackendUnavailable(DeviceError):
 
 _devices: dict[str, Device] = {}
 _lock = threading.RLock()
+
+
+@atexit.register
+def _shutdown() -> None:
+    """Finish queued work and drop compiled programs while the drivers are still loaded:
+    left to interpreter teardown, their destructors may run after the driver libraries'."""
+    for dev in list(_devices.values()):
+        try:
+            dev.synchronize()
+            dev._programs.clear()
+        except Exception:
+            pass
 
 
 def backend_module(backend: str) -> ModuleType:
