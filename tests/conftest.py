@@ -79,9 +79,18 @@ def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str)
     return None
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "fails_on(backend, reason): a known failure of the "
+                            "library on that backend, run as a strict xfail there")
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Tests parametrized over both ``device`` and ``dtype`` skip dtypes the device lacks."""
+    """Tests parametrized over both ``device`` and ``dtype`` skip dtypes the device lacks;
+    ``fails_on`` marks become strict xfails on their backend."""
     params = getattr(getattr(item, "callspec", None), "params", {})
+    for mark in item.iter_markers("fails_on"):
+        if str(params.get("device", "")).startswith(mark.args[0]):
+            item.add_marker(pytest.mark.xfail(strict=True, reason=mark.kwargs["reason"]))
     dtypes = [params[k] for k in ("dtype", "src", "dst") if isinstance(params.get(k), DType)]
     if "device" not in params or not dtypes or not available(params["device"])[0]:
         return

@@ -6,6 +6,7 @@ compile caches warm. Values come from a hypothesis-drawn seed.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -80,14 +81,12 @@ def test_tensor_from_torch_bfloat16(device: str, check: Any) -> None:
 @pytest.mark.parametrize("dtype", ALL)
 def test_zeros_ones_full(device: str, dtype: DType, check: Any) -> None:
     check(ag.zeros(2, 3, dtype=dtype, device=device), np.zeros((2, 3)), dtype)
-    check(ag.ones((2, 3), dtype=dtype, device=device), np.ones((2, 3)), dtype)
     x = ag.full((2, 3), 7, dtype=dtype, device=device)
     check(x, np.full((2, 3), 7 if dtype != ag.bool_ else True), dtype)
-    # the same kernels again (compile caches hit): other spellings of the same constants
-    check(ag.full([2, 3], 1, dtype=dtype, device=device), np.ones((2, 3)), dtype)
-    check(ag.zeros_like(x), np.zeros((2, 3)), dtype)
-    check(ag.ones_like(x), np.ones((2, 3)), dtype)
-    check(ag.full_like(x, 1), np.ones((2, 3)), dtype)
+    check(ag.zeros_like(x), np.zeros((2, 3)), dtype)  # the same kernel again
+    if dtype == ag.bool_:  # 7 is True: the same kernel as ones
+        check(ag.ones_like(x), np.ones((2, 3)), dtype)
+        check(ag.full_like(x, 1), np.ones((2, 3)), dtype)
 
 
 def test_full_infers_dtype(device: str, check: Any) -> None:
@@ -598,24 +597,27 @@ def test_to_and_type_conversions(device: str, check_all: Any) -> None:
 
 
 # ---- reductions -------------------------------------------------------------------------------
-# a reduction of everything, and of the last axis with more elements than a work-group wave
-REDUCE_CASES = st.sampled_from([((2, 3, 5), None), ((4, 33), -1)])
-# a middle (strided) axis, and the last one
-AXIS_CASES = st.sampled_from([((2, 3, 5), 1), ((4, 33), -1)])
+# everything; a middle (strided) axis; the last axis, longer than a work-group wave
+ALL_AXES, MIDDLE, LAST = ((2, 3, 5), None), ((2, 3, 5), 1), ((4, 33), -1)
 
 
-@pytest.mark.parametrize("dtype", ALL)
-@given(seed=seeds, case=REDUCE_CASES, keepdim=st.booleans())
-def test_sum(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool, make: Any,
+def cycle(dtypes: list[DType], cases: list[tuple]) -> list[Any]:
+    """Each dtype with one case, in turn: every dtype and every case runs, one kernel a pair
+    (the loop structure of a reduction does not depend on the dtype)."""
+    return [pytest.param(d, cases[k % len(cases)], id=f"{d.name}-{k % len(cases)}")
+            for k, d in enumerate(dtypes)]
+
+
+@pytest.mark.parametrize("dtype,case", cycle(ALL, [ALL_AXES, MIDDLE, LAST]))
+@given(seed=seeds, keepdim=st.booleans())
+def test_sum(device: str, dtype: DType, case: tuple, seed: int, keepdim: bool, make: Any,
              check: Any) -> None:
     shape, axis = case
     x, t = make(shape, dtype, seed, device, **_wide(dtype))
     want = dtype if dtype.is_float else ag.int64  # integers and bools sum into int64
     ref = np.sum(f64(x) if dtype.is_float else x.astype(np.int64), axis=axis, keepdims=keepdim)
-    # the sum is rounded once, but its size (up to 100 here) scales bfloat16's absolute error
-    tol = {"atol": 1e-2 * np.abs(x).sum() / 30} if dtype == BF16 else {}
-    check(t.sum(axis, keepdim=keepdim), ref, want, **tol)
-    check(t.sum(dim=axis, keepdim=keepdim), ref, want, **tol)
+    check(t.sum(axis, keepdim=keepdim), ref, want)
+    check(t.sum(dim=axis, keepdim=keepdim), ref, want)
 
 
 def test_sum_over_several_axes(device: str, check: Any) -> None:
@@ -632,9 +634,9 @@ def test_sum_with_dtype(device: str, check: Any) -> None:
     check(t.sum(), np.array(306), ag.int64)
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
-@given(seed=seeds, case=REDUCE_CASES, keepdim=st.booleans())
-def test_mean_var_std(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool,
+@pytest.mark.parametrize("dtype,case", cycle(FLOATS, [ALL_AXES, MIDDLE, LAST]))
+@given(seed=seeds, keepdim=st.booleans())
+def test_mean_var_std(device: str, dtype: DType, case: tuple, seed: int, keepdim: bool,
                       make: Any, check: Any) -> None:
     shape, axis = case
     x, t = make(shape, dtype, seed, device)
@@ -645,9 +647,9 @@ def test_mean_var_std(device: str, dtype: DType, seed: int, case: tuple, keepdim
           np.std(xf, axis=axis, keepdims=keepdim), dtype)
 
 
-@pytest.mark.parametrize("dtype", ALL)
-@given(seed=seeds, case=REDUCE_CASES, keepdim=st.booleans())
-def test_max_min_amax_amin(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool,
+@pytest.mark.parametrize("dtype,case", cycle(ALL, [ALL_AXES, MIDDLE, LAST]))
+@given(seed=seeds, keepdim=st.booleans())
+def test_max_min_amax_amin(device: str, dtype: DType, case: tuple, seed: int, keepdim: bool,
                            make: Any, check: Any) -> None:
     shape, axis = case
     x, t = make(shape, dtype, seed, device, **_wide(dtype))
@@ -658,9 +660,10 @@ def test_max_min_amax_amin(device: str, dtype: DType, seed: int, case: tuple, ke
         check(t.min(), np.amin(x), dtype)
 
 
-@pytest.mark.parametrize("dtype", [F32, ag.int8, ag.bool_])
-@given(seed=seeds, case=AXIS_CASES, keepdim=st.booleans())
-def test_argmax_argmin(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool,
+@pytest.mark.parametrize("dtype,case", cycle([F32, ag.int8, BF16, ag.bool_, ag.uint8, ag.int64],
+                                             [MIDDLE, LAST]))
+@given(seed=seeds, keepdim=st.booleans())
+def test_argmax_argmin(device: str, dtype: DType, case: tuple, seed: int, keepdim: bool,
                        check: Any, host: Any) -> None:
     shape, axis = case
     x = _ties(shape, dtype, seed, host)  # ties: the first index wins
@@ -701,10 +704,10 @@ def test_min_max_of_integer_extremes(device: str, check: Any) -> None:
         check(t.argmin(1), x.argmin(1), ag.int64)
 
 
-@pytest.mark.parametrize("dtype", [F32, F16, ag.int32, ag.bool_])
-@given(seed=seeds, case=st.sampled_from([((2, 3, 5), 1), ((2, 3, 5), None)]),
-       keepdim=st.booleans())
-def test_prod(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool, make: Any,
+@pytest.mark.parametrize("dtype,case", cycle([F32, ag.int32, F16, ag.bool_, ag.int64],
+                                             [MIDDLE, ALL_AXES, LAST]))
+@given(seed=seeds, keepdim=st.booleans())
+def test_prod(device: str, dtype: DType, case: tuple, seed: int, keepdim: bool, make: Any,
               check: Any) -> None:
     shape, axis = case
     kw = {"low": 0.7, "high": 1.3} if dtype.is_float else {"low": -2, "high": 2,
@@ -716,10 +719,9 @@ def test_prod(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool, 
     check(t.prod(axis, keepdim=keepdim), ref, want, **tol)
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
-@given(seed=seeds, case=st.sampled_from([((2, 3, 5), (0, 1, 2)), ((4, 33), -1)]),
-       keepdim=st.booleans())
-def test_logsumexp(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool,
+@pytest.mark.parametrize("dtype,case", cycle(FLOATS, [((2, 3, 5), (0, 1, 2)), LAST, MIDDLE]))
+@given(seed=seeds, keepdim=st.booleans())
+def test_logsumexp(device: str, dtype: DType, case: tuple, seed: int, keepdim: bool,
                    make: Any, check: Any) -> None:
     shape, axis = case
     x, t = make(shape, dtype, seed, device, low=-5, high=5)
@@ -733,10 +735,10 @@ def test_logsumexp_of_infinities(device: str) -> None:
     assert got[0] == -np.inf and got[1] == np.inf
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("dtype,case", cycle(FLOATS, [((3, 5), 0), ((2, 3, 33), -1), MIDDLE]))
 @pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
-@given(seed=seeds, case=st.sampled_from([((3, 5), 0), ((2, 3, 33), -1)]))
-def test_softmax(device: str, dtype: DType, fn: str, seed: int, case: tuple, make: Any,
+@given(seed=seeds)
+def test_softmax(device: str, dtype: DType, case: tuple, fn: str, seed: int, make: Any,
                  check: Any) -> None:
     shape, axis = case
     x, t = make(shape, dtype, seed, device, low=-6, high=6)
@@ -752,9 +754,10 @@ def test_softmax_of_ints_and_with_dtype(device: str, check: Any) -> None:
     check(ag.tensor(x, device=device).softmax(-1, dtype=F32), ref, F32)
 
 
-@pytest.mark.parametrize("dtype", [F32, ag.int8, ag.uint8, ag.bool_])
-@given(seed=seeds, case=REDUCE_CASES, keepdim=st.booleans())
-def test_all_any(device: str, dtype: DType, seed: int, case: tuple, keepdim: bool, check: Any,
+@pytest.mark.parametrize("dtype,case", cycle([F32, ag.int8, ag.bool_, ag.uint8],
+                                             [ALL_AXES, MIDDLE, LAST]))
+@given(seed=seeds, keepdim=st.booleans())
+def test_all_any(device: str, dtype: DType, case: tuple, seed: int, keepdim: bool, check: Any,
                  host: Any) -> None:
     shape, axis = case
     x = _ties(shape, dtype, seed, host)
@@ -786,6 +789,23 @@ def test_reduction_dtypes_and_errors(device: str, check: Any) -> None:
         i.softmax(-3)
     check(i.float().mean((0, 1)), np.array(2.5), F32)
     check(i.sum(()), np.array([[1, 2], [3, 4]]), ag.int64)  # no axes: nothing reduced
+
+
+def test_empty_tensors(device: str, check: Any) -> None:
+    """Kernels with nothing to compute still run everywhere (a launch of no work-groups is an
+    error on CUDA) and read nothing outside their inputs."""
+    z = np.zeros((0, 5), np.float32)
+    w = np.zeros((2, 0, 3), np.float32)
+    tz, tw = ag.tensor(z, device=device), ag.tensor(w, device=device)
+    check(tz + 1, z + 1, F32)
+    check(tz.sum(1), z.sum(1), F32)
+    check(tz.softmax(1), z, F32)
+    check((tw * 2).sum(2), w.sum(2), F32)
+    check(tw.amax(0), w.max(0), F32)
+    check(tw.permute(2, 0, 1).contiguous(), w.transpose(2, 0, 1), F32)
+    check(ag.arange(0, device=device), np.arange(0), ag.int64)
+    with pytest.raises(ValueError, match="over an empty axis"):
+        tz.sum(0)  # PyTorch gives zeros here; anygpu refuses reductions over empty axes
 
 
 def test_reductions_of_0d_and_size1(device: str, check: Any) -> None:
@@ -1121,6 +1141,32 @@ def test_to_device_round_trip(device: str, devices: list[str], check: Any) -> No
                 check((t + 5).cast(d).to(other), _cast_ref(x + 5, F32, d), d)
     assert t.to(device) is t
     assert t.cpu().device == "cpu:0"
+
+
+def test_cat_of_many_tensors(device: str, check: Any) -> None:
+    limit = get_device(device).info.extra.get("limits", {}).get(
+        "max_storage_buffers_per_shader_stage")
+    if limit is not None and limit < 41:
+        pytest.xfail(f"one kernel binds all 41 buffers, over this device's limit of {limit}; the "
+                     "scheduler does not yet split kernels to a binding limit")
+    xs = [np.full((2, 3), k, np.float32) for k in range(40)]
+    check(ag.stack([ag.tensor(x, device=device) for x in xs]), np.stack(xs), F32)
+
+
+def test_tensor_freed_by_the_cycle_collector(device: str, check: Any) -> None:
+    class Holder:
+        pass
+
+    n = 1231  # a size no other test allocates: its free list starts empty
+    try:
+        for k in range(3):
+            h = Holder()
+            h.self, h.t = h, ag.tensor(np.full(n, k, np.float32), device=device)
+            del h
+            gc.collect()
+            check(ag.tensor(np.ones(n, np.float32), device=device) * 2, np.full(n, 2.0), F32)
+    finally:
+        get_device(device).allocator.empty_cache()  # drop any dead handle for later tests
 
 
 def test_realize_several(device: str, check: Any) -> None:

@@ -294,7 +294,8 @@ def _index_dtype(spec: KernelSpec) -> DType:
 
 
 def _initial_groups(spec: KernelSpec) -> list[list[int]]:
-    return [[a] for a, n in enumerate(spec.shape) if n > 1] or [[0]] if spec.shape else []
+    # size-1 axes need no loop; a size-0 axis keeps one, so an empty output has no iterations
+    return [[a] for a, n in enumerate(spec.shape) if n != 1] or [[0]] if spec.shape else []
 
 
 def build_kernel(spec: KernelSpec) -> KernelAST:
@@ -373,7 +374,9 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256) -> ir.Kernel:
     if not ast.reduce and not ast.stages:  # stages over size-1 axes still need their loops
         local = min(256, max_local)
         per_thread = 4 if outer_total >= (1 << 20) else 1
-        groups = -(-outer_total // (local * per_thread))
+        # an empty output still launches one group (its threads all fail the bound check):
+        # CUDA refuses a launch of no blocks
+        groups = max(-(-outer_total // (local * per_thread)), 1)
         base = ir.alu("add", ir.alu("mul", ir.special("gid"), ir.const(local * per_thread, dt)),
                       ir.special("lid"))
         body: list[ir.Stmt] = []
@@ -382,7 +385,7 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256) -> ir.Kernel:
             inner = _decompose(flat, ast.dims) + [store]
             body.append(ir.If(ir.alu("lt", flat, ir.const(outer_total, dt)), inner))
         return ir.Kernel(name, params, body, groups, local, {"bytes": kernel_bytes(ast)})
-    if ast.dims[-1][2] or outer_total < 2048:
+    if (ast.dims[-1][2] or outer_total < 2048) and outer_total > 0:  # else bound-checked
         return _group_per_output(ast, name, params, store, outer_total, red_total, max_local)
     return _thread_per_output(ast, name, params, store, outer_total, red_total, max_local)
 
@@ -522,7 +525,7 @@ def _thread_per_output(ast: KernelAST, name: str, params: list[ir.Param], store:
     else:
         inner.append(_reduce_loop(ast, ir.const(0, dt), one, red_total, [store]))
     body: list[ir.Stmt] = [ir.If(ir.alu("lt", flat, ir.const(outer_total, dt)), inner)]
-    return ir.Kernel(name, params, body, -(-outer_total // local), local,
+    return ir.Kernel(name, params, body, max(-(-outer_total // local), 1), local,
                      {"bytes": kernel_bytes(ast)})
 
 

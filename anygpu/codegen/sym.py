@@ -288,4 +288,6 @@ def flat_index(idx: list[Lin], shape: tuple[int, ...]) -> Lin:
 
 
 def unflatten(flat: Lin, shape: tuple[int, ...]) -> list[Lin]:
-    return [mod(div(flat, s), n) if n > 1 else const(0) for s, n in zip(strides_of(shape), shape)]
+    # a stride of 0 comes from a later axis of size 0: an empty shape, which no index reaches
+    return [mod(div(flat, s), n) if n > 1 and s else const(0)
+            for s, n in zip(strides_of(shape), shape)]

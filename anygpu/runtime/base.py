@@ -143,6 +143,10 @@ class CachingAllocator:
         size = max(int(nbytes), 1)
         with self.lock:
             self.in_use -= size
+            # collected in a reference cycle, the driver's own wrapper may have been finalized
+            # first: such a handle is gone and must not be handed out again
+            if not self.device._reusable(handle):
+                return
             self.free_lists[size].append(handle)
             self.cached += size
 
@@ -194,6 +198,10 @@ class Device:
 
     def _free(self, handle: Any) -> None:
         raise NotImplementedError
+
+    def _reusable(self, handle: Any) -> bool:
+        """Whether a released handle still refers to live memory (see CachingAllocator)."""
+        return True
 
     def _copy_in(self, handle: Any, host: np.ndarray) -> None:
         raise NotImplementedError

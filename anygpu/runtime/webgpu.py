@@ -330,6 +330,9 @@ class WebGPUDevice(Device):
         except wgpu.GPUError as err:
             raise DeviceError(f"{self.name}: allocating {size} bytes failed: {err}") from err
 
+    def _reusable(self, handle: Any) -> bool:
+        return getattr(handle, "_internal", None) is not None
+
     def _free(self, handle: Any) -> None:
         handle.destroy()  # frees the memory now; queued work that uses it still completes
 

@@ -94,6 +94,11 @@ class WGSLRenderer(CStyleRenderer):
             return self.wrap(f"({a} {'<<' if e.op == 'shl' else '>>'} {amount})", e.dtype)
         if e.op == "neg" and e.dtype.is_unsigned:  # WGSL has no unary minus on u32
             return self.wrap(f"(0u - {self.expr(e.srcs[0])})", e.dtype)
+        if e.op == "mod" and not e.dtype.is_float:
+            # spelled out: with NVIDIA's Vulkan driver, % on negative integers gave results
+            # with the divisor's sign; WGSL (and the other dialects) truncate
+            a, b = self.expr(e.srcs[0], True), self.expr(e.srcs[1], True)
+            return self.wrap(f"({a} - ({a} / {b}) * {b})", e.dtype)
         if e.op == "recip":
             return f"(1.0f / {self.expr(e.srcs[0])})"
         if e.op == "not":
