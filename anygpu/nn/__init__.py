@@ -12,7 +12,7 @@ functional forms, ``anygpu.nn.init`` the initializations, ``anygpu.nn.state`` sa
 ['0.weight', '0.bias', '1.weight', '1.bias']
 """
 
-from anygpu.nn import functional, init, state
+from anygpu.nn import functional, utils, init, state
 from anygpu.nn.layers import (GELU, Conv2d, ConvTranspose2d, Dropout, Embedding, Flatten,
                               Identity, LeakyReLU, Linear, LogSoftmax, ReLU, Sigmoid, SiLU,
                               Softmax, Tanh, Unflatten)
@@ -22,7 +22,7 @@ from anygpu.nn.module import Module, Parameter
 from anygpu.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RMSNorm
 from anygpu.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 
-__all__ = ["functional", "init", "state", "Module", "Parameter", "Sequential", "ModuleList",
+__all__ = ["functional", "init", "state", "utils", "Module", "Parameter", "Sequential", "ModuleList",
            "ModuleDict", "Identity", "Linear", "Conv2d", "ConvTranspose2d", "Embedding",
            "Dropout", "Flatten", "Unflatten", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh",
            "LeakyReLU", "Softmax", "LogSoftmax", "BatchNorm1d", "BatchNorm2d", "LayerNorm",
