@@ -12,7 +12,7 @@ or ``realize()`` is called. Then the graph is fused into kernels and run on the 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence, Union
+from typing import Any, Sequence, Union
 
 import numpy as np
 
@@ -1198,7 +1198,3 @@ def randint(low: int, high: int | None = None, size: ShapeLike = (), dtype: Any 
 def realize(*tensors: Tensor) -> None:
     """Realize several tensors in one schedule (shared inputs are computed once)."""
     sched.realize(*(t.lazy for t in tensors))
-
-
-def _iter_tensors(x: Iterable[Any]) -> list[Tensor]:
-    return [t for t in x if isinstance(t, Tensor)]

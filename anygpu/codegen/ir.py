@@ -17,7 +17,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from anygpu.dtype import DType, bool_, float32, int32
+from anygpu.dtype import DType, bool_, int32
 
 ALU_OPS = {"neg", "exp2", "log2", "sin", "sqrt", "recip", "trunc", "not", "add", "sub", "mul",
            "div", "idiv", "mod", "max", "min", "lt", "eq", "ne", "and", "or", "xor", "shl",
@@ -229,5 +229,3 @@ class Kernel:
     def local_names(self) -> set[str]:
         return {s.name for s in self.body if isinstance(s, LocalArray)}
 
-
-ACC_FLOAT = float32

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from anygpu.codegen import ir, sym
-from anygpu.dtype import DType, bool_, int32, int64, max_value, min_value
+from anygpu.dtype import DType, int32, int64, min_value
 from anygpu.graph.lazy import Lazy
 from anygpu.ops.primitives import ELEMENTWISE, MOVEMENT, REDUCE, Op
 
@@ -529,5 +529,4 @@ def _thread_per_output(ast: KernelAST, name: str, params: list[ir.Param], store:
                      {"bytes": kernel_bytes(ast)})
 
 
-__all__ = ["KernelSpec", "KernelAST", "choose_spec", "build_kernel", "to_ir", "max_value",
-           "bool_"]
+__all__ = ["KernelSpec", "KernelAST", "choose_spec", "build_kernel", "to_ir", "write_in_place"]

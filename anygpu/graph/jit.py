@@ -46,6 +46,24 @@ def _tensors(x: Any) -> list[Any]:
     return []
 
 
+def _map_tensors(x: Any, fn: Callable[[Any], Any]) -> Any:
+    from anygpu.tensor import Tensor
+
+    if isinstance(x, Tensor):
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map_tensors(v, fn) for v in x)
+    if isinstance(x, dict):
+        return {k: _map_tensors(v, fn) for k, v in x.items()}
+    return x
+
+
+def _owning(t: Any) -> Any:
+    """``t`` realized into a buffer of its own (a view of other memory is copied)."""
+    t.realize()
+    return t if t.lazy.buffer is not None else t.contiguous().realize()
+
+
 def _signature(args: tuple, kwargs: dict) -> tuple:
     parts = []
     for t in _tensors((args, kwargs)):
@@ -78,9 +96,9 @@ class JitFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key = _signature(args, kwargs)
+        # each input gets memory of its own: a replay substitutes whole buffers
+        args, kwargs = _map_tensors((args, kwargs), _owning)
         inputs = _tensors((args, kwargs))
-        for t in inputs:
-            t.realize()
         captured = self.captured.get(key)
         if captured is not None:
             return self._replay(captured, inputs)
@@ -125,7 +143,7 @@ class JitFunction:
             assert c.input_bufs is not None
             for t, buf in zip(inputs, c.input_bufs):
                 if t.lazy.buffer is not buf:
-                    t.lazy.buffer and get_device(t.device).copy(buf, t.lazy.buffer)
+                    get_device(t.device).copy(buf, t.lazy.buffer)
             c.graph()
         else:
             for t, slots in zip(inputs, c.input_slots):

@@ -325,9 +325,12 @@ def realize_into(value: Lazy, target: Lazy) -> None:
         if k is None or (not ast.stages and _reads_only_at(ast, f"b{k + 1}", ast.out_index)):
             if k is not None:
                 key = (last.signature, "in place", k)
-                ast = _in_place.get(key) or _in_place.setdefault(
-                    key, lower.write_in_place(dataclasses.replace(ast, output=None), k))
-                ast = dataclasses.replace(ast, output=value,
+                template = _in_place.get(key)
+                if template is None:  # cached without graph nodes, like _ast_cache
+                    template = dataclasses.replace(lower.write_in_place(ast, k), output=None,
+                                                   inputs=[])
+                    _in_place[key] = template
+                ast = dataclasses.replace(template, output=value,
                                           inputs=last.ast.inputs[:k] + last.ast.inputs[k + 1:])
             launch = prepare(KernelItem(ast, key if k is not None else last.signature),
                              out=target.buffer)

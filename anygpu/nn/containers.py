@@ -9,7 +9,47 @@ from typing import Any, Iterable, Iterator, Mapping
 from anygpu.nn.module import Module, _addindent
 
 
-class Sequential(Module):
+class _ModuleSequence(Module):
+    """What Sequential and ModuleList share: submodules addressed by position."""
+
+    def _index(self, idx: int) -> str:
+        n = len(self._modules)
+        if not -n <= idx < n:
+            raise IndexError(f"index {idx} is out of range")
+        return list(self._modules)[idx % n]
+
+    def _renumber(self, items: list[Module]) -> None:
+        """Name ``items`` 0..n-1, as PyTorch does after a deletion or insertion."""
+        self._modules.clear()
+        for i, m in enumerate(items):
+            self.add_module(str(i), m)
+
+    def __setitem__(self, idx: int, module: Module) -> None:
+        setattr(self, self._index(idx), module)
+
+    def __delitem__(self, idx: int | slice) -> None:
+        keys = list(self._modules)[idx] if isinstance(idx, slice) else [self._index(idx)]
+        for k in keys:
+            del self._modules[k]
+        self._renumber(list(self._modules.values()))
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+    def append(self, module: Module) -> Any:
+        self.add_module(str(len(self)), module)
+        return self
+
+    def extend(self, modules: Iterable[Module]) -> Any:
+        for m in modules:
+            self.append(m)
+        return self
+
+
+class Sequential(_ModuleSequence):
     """Modules applied in order; also built from an OrderedDict of named modules.
 
     >>> import anygpu as ag
@@ -28,44 +68,10 @@ class Sequential(Module):
             for idx, module in enumerate(args):
                 self.add_module(str(idx), module)
 
-    def _index(self, idx: int) -> str:
-        n = len(self._modules)
-        if not -n <= idx < n:
-            raise IndexError(f"index {idx} is out of range")
-        return list(self._modules)[idx % n]
-
     def __getitem__(self, idx: int | slice) -> Any:
         if isinstance(idx, slice):
             return type(self)(OrderedDict(list(self._modules.items())[idx]))
         return self._modules[self._index(idx)]
-
-    def __setitem__(self, idx: int, module: Module) -> None:
-        setattr(self, self._index(idx), module)
-
-    def __delitem__(self, idx: int | slice) -> None:
-        keys = list(self._modules)[idx] if isinstance(idx, slice) else [self._index(idx)]
-        for k in keys:
-            delattr(self, k)
-        # renumber, as PyTorch does, so indices stay 0..n-1
-        items = list(self._modules.values())
-        self._modules.clear()
-        for i, m in enumerate(items):
-            self._modules[str(i)] = m
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
-
-    def append(self, module: Module) -> "Sequential":
-        self.add_module(str(len(self)), module)
-        return self
-
-    def extend(self, modules: Iterable[Module]) -> "Sequential":
-        for m in modules:
-            self.append(m)
-        return self
 
     def insert(self, index: int, module: Module) -> "Sequential":
         n = len(self._modules)
@@ -73,9 +79,7 @@ class Sequential(Module):
             raise IndexError(f"index {index} is out of range")
         items = list(self._modules.values())
         items.insert(index % (n + 1) if index < 0 else index, module)
-        self._modules.clear()
-        for i, m in enumerate(items):
-            self.add_module(str(i), m)
+        self._renumber(items)
         return self
 
     def forward(self, input: Any) -> Any:
@@ -84,7 +88,7 @@ class Sequential(Module):
         return input
 
 
-class ModuleList(Module):
+class ModuleList(_ModuleSequence):
     """A list of modules whose parameters are registered (``"0.weight"``, ``"1.weight"``, ...).
 
     >>> from anygpu import nn
@@ -98,53 +102,18 @@ class ModuleList(Module):
         if modules is not None:
             self.extend(modules)
 
-    def _index(self, idx: int) -> str:
-        n = len(self._modules)
-        if not -n <= idx < n:
-            raise IndexError(f"index {idx} is out of range")
-        return str(idx % n)
-
     def __getitem__(self, idx: int | slice) -> Any:
         if isinstance(idx, slice):
             return type(self)(list(self._modules.values())[idx])
         return self._modules[self._index(idx)]
 
-    def __setitem__(self, idx: int, module: Module) -> None:
-        setattr(self, self._index(idx), module)
-
-    def __delitem__(self, idx: int | slice) -> None:
-        keys = list(self._modules)[idx] if isinstance(idx, slice) else [self._index(idx)]
-        for k in keys:
-            del self._modules[k]
-        items = list(self._modules.values())
-        self._modules.clear()
-        for i, m in enumerate(items):
-            self._modules[str(i)] = m
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
-
     def __iadd__(self, modules: Iterable[Module]) -> "ModuleList":
         return self.extend(modules)
-
-    def append(self, module: Module) -> "ModuleList":
-        self.add_module(str(len(self)), module)
-        return self
-
-    def extend(self, modules: Iterable[Module]) -> "ModuleList":
-        for m in modules:
-            self.append(m)
-        return self
 
     def insert(self, index: int, module: Module) -> None:
         items = list(self._modules.values())
         items.insert(index, module)
-        self._modules.clear()
-        for i, m in enumerate(items):
-            self.add_module(str(i), m)
+        self._renumber(items)
 
     def _child_lines(self) -> list[str]:
         # runs of identical modules print once, as "(0-2): 3 x Linear(...)" (PyTorch's form)

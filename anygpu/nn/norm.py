@@ -12,6 +12,22 @@ from anygpu.nn.module import Module, Parameter
 from anygpu.tensor import Tensor
 
 
+def _add_affine(module: Module, shape: tuple[int, ...], affine: bool, bias: bool,
+                device: str | None, dtype: Any) -> None:
+    """Register ``weight`` (and ``bias``) of ``shape``, or None for each that is absent."""
+    weight = Parameter(init._empty(shape, device, dtype)) if affine else None
+    module.register_parameter("weight", weight)
+    module.register_parameter("bias", Parameter(init._empty(shape, device, dtype))
+                              if affine and bias else None)
+
+
+def _reset_affine(module: Module) -> None:
+    if module.weight is not None:
+        init.ones_(module.weight)
+    if module.bias is not None:
+        init.zeros_(module.bias)
+
+
 class _NormBase(Module):
     _optional_keys = ("num_batches_tracked",)  # checkpoints from older PyTorch lack it
 
@@ -24,15 +40,7 @@ class _NormBase(Module):
         self.momentum = momentum
         self.affine = affine
         self.track_running_stats = track_running_stats
-        if affine:
-            self.weight = Parameter(init._empty((num_features,), device, dtype))
-            if bias:
-                self.bias = Parameter(init._empty((num_features,), device, dtype))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _add_affine(self, (num_features,), affine, bias, device, dtype)
         if track_running_stats:
             self.register_buffer("running_mean", init._empty((num_features,), device, dtype))
             self.register_buffer("running_var", init._empty((num_features,), device, dtype))
@@ -51,10 +59,7 @@ class _NormBase(Module):
 
     def reset_parameters(self) -> None:
         self.reset_running_stats()
-        if self.affine:
-            init.ones_(self.weight)
-            if self.bias is not None:
-                init.zeros_(self.bias)
+        _reset_affine(self)
 
     def _check_input_dim(self, input: Tensor) -> None:
         raise NotImplementedError
@@ -132,22 +137,11 @@ class LayerNorm(Module):
         self.normalized_shape = _normalized_shape(normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
-        if elementwise_affine:
-            self.weight = Parameter(init._empty(self.normalized_shape, device, dtype))
-            if bias:
-                self.bias = Parameter(init._empty(self.normalized_shape, device, dtype))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _add_affine(self, self.normalized_shape, elementwise_affine, bias, device, dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if self.elementwise_affine:
-            init.ones_(self.weight)
-            if self.bias is not None:
-                init.zeros_(self.bias)
+        _reset_affine(self)
 
     def forward(self, input: Tensor) -> Tensor:
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -208,22 +202,11 @@ class GroupNorm(Module):
             raise ValueError("num_channels must be divisible by num_groups")
         self.num_groups, self.num_channels = num_groups, num_channels
         self.eps, self.affine = eps, affine
-        if affine:
-            self.weight = Parameter(init._empty((num_channels,), device, dtype))
-            if bias:
-                self.bias = Parameter(init._empty((num_channels,), device, dtype))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _add_affine(self, (num_channels,), affine, bias, device, dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if self.affine:
-            init.ones_(self.weight)
-            if self.bias is not None:
-                init.zeros_(self.bias)
+        _reset_affine(self)
 
     def forward(self, input: Tensor) -> Tensor:
         return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)

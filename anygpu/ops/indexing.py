@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from anygpu import dtype as dt
-from anygpu.graph.lazy import Lazy
 from anygpu.ops.primitives import Op
 
 if TYPE_CHECKING:
@@ -206,4 +205,4 @@ def scatter_add(x: "Tensor", dim: int, index: "Tensor", src: "Tensor") -> "Tenso
     return out.transpose(axis, -1)
 
 
-__all__ = ["getitem", "gather", "index_select", "scatter_add", "math", "Lazy"]
+__all__ = ["getitem", "gather", "index_select", "scatter_add"]

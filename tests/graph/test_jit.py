@@ -94,3 +94,16 @@ def test_new_shape_recaptures() -> None:
         x = np.arange(n, dtype=np.float32) + 1
         assert f(ag.tensor(x)).item() == pytest.approx(x.sum())
     assert len(f.captured) == 2
+
+
+def test_view_inputs_replay_with_their_values(device: str) -> None:
+    """A view of other memory (a slice) as input: each replay reads the slice passed."""
+    @ag.jit
+    def f(x: ag.Tensor) -> ag.Tensor:
+        return (x * 3).sum()
+
+    rng = np.random.default_rng()
+    for _ in range(4):
+        base = rng.standard_normal((4, 6)).astype(np.float32)
+        got = f(ag.tensor(base, device=device)[1:3]).item()
+        assert got == pytest.approx(float((base[1:3] * 3).sum()), rel=1e-5)
