@@ -48,10 +48,8 @@ def best_device() -> str:
             dev = get_device(name)
         except Exception:
             continue
-        if name == "opencl" and "cpu" in dev.info.name.lower():
-            continue  # OpenCL on the CPU is slower than the cpu backend
-        if name == "webgpu" and dev.info.extra.get("adapter_type", "").lower() == "cpu":
-            continue
+        if dev.info.is_cpu:
+            continue  # OpenCL or Vulkan on the processor is slower than the cpu backend
         return dev.name
     return "cpu"
 

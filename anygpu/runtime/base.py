@@ -49,6 +49,7 @@ class DeviceInfo:
     driver: str  # driver / runtime version, part of the program cache key
     max_local_size: int = 1024  # threads per work-group
     local_memory: int = 48 * 1024  # bytes of local (shared) memory per work-group
+    is_cpu: bool = False  # the processor itself (the cpu backend, PoCL, lavapipe)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

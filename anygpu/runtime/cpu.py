@@ -94,7 +94,7 @@ class CPUDevice(Device):
             self._info = DeviceInfo(name=_cpu_name(), memory=pages,
                                     compute_units=os.cpu_count() or 1,
                                     driver=_compiler_version() + " " + " ".join(_compiler_flags()),
-                                    max_local_size=1, local_memory=0)
+                                    max_local_size=1, local_memory=0, is_cpu=True)
         return self._info
 
     def _alloc(self, nbytes: int) -> Any:

@@ -150,6 +150,7 @@ class OpenCLDevice(Device):
                 name=d.name.strip(), memory=d.global_mem_size,
                 compute_units=d.max_compute_units, driver=driver,
                 max_local_size=d.max_work_group_size, local_memory=d.local_mem_size,
+                is_cpu=bool(d.type & cl.device_type.CPU),
                 extra={"fp16": "cl_khr_fp16" in self._extensions,
                        "fp64": "cl_khr_fp64" in self._extensions,
                        "platform": platform, "max_alloc": d.max_mem_alloc_size})

@@ -298,6 +298,7 @@ class WebGPUDevice(Device):
                 driver=f"{adapter.get('description', '')} {_wgpu_version()}".strip(),
                 max_local_size=_limit(limits, "max_compute_invocations_per_workgroup"),
                 local_memory=_limit(limits, "max_compute_workgroup_storage_size"),
+                is_cpu=str(adapter.get("adapter_type", "")).lower() == "cpu",
                 extra={"features": sorted(self.features),
                        "adapter_type": adapter.get("adapter_type", "unknown"),
                        "limits": {name: _limit(limits, name) for name in _COMPUTE_LIMITS}})

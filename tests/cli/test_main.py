@@ -22,3 +22,12 @@ def test_devices_lists_every_backend(capsys: pytest.CaptureFixture[str]) -> None
     for backend in ("cpu", "opencl", "cuda", "webgpu", "hip"):
         assert backend in out
     assert "cpu:0" in out
+
+
+def test_demo_prefers_a_real_gpu_to_the_processor() -> None:
+    """OpenCL or Vulkan running on the processor (PoCL, lavapipe) is not picked over `cpu`."""
+    from anygpu.cli.demo import best_device
+    from anygpu.runtime.registry import get_device
+
+    chosen = get_device(best_device())
+    assert chosen.backend == "cpu" or not chosen.info.is_cpu
