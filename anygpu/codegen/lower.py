@@ -137,6 +137,8 @@ class _Builder:
         self.stage_of: dict[int, ir.Expr] = {}
         self.memo: dict[tuple, ir.Expr] = {}
         self.lins: list[sym.Lin] = []
+        # data-dependent indices (GATHER): a variable in the symbolic index, rendered as its data
+        self.dynamic: dict[str, ir.Expr] = {}
 
     # ---- indices ---------------------------------------------------------------------------------
     def lin_expr(self, lin: sym.Lin) -> ir.Expr:
@@ -145,7 +147,8 @@ class _Builder:
         out = ir.const(lin.const, dt)
         for atom, c in lin.terms:
             if isinstance(atom, sym.Var):
-                term = ir.var(atom.name, dt)
+                term = self.dynamic[atom.name] if atom.name in self.dynamic else \
+                    ir.var(atom.name, dt)
             else:
                 inner = self.lin_expr(atom.a)
                 term = ir.alu("idiv" if isinstance(atom, sym.Div) else "mod", inner,
@@ -203,7 +206,9 @@ class _Builder:
         return self.movement(node, idx, conds)
 
     def gather(self, node: Lazy, idx: list[sym.Lin], conds: tuple[Cond, ...]) -> ir.Expr:
-        """A load whose index along ``axis`` is data: the source is realized first."""
+        """A read whose index along ``axis`` is data. The index becomes a variable of the
+        symbolic index, so the source is read through its views (an embedding table that is a
+        view of an optimizer's flat buffer is read in place, not copied)."""
         src, index_node = node.srcs
         axis = node.arg
         dyn = ir.cast(self.value(index_node, idx, conds), self.index_dtype)
@@ -212,12 +217,10 @@ class _Builder:
         zero, top = ir.const(0, self.index_dtype), ir.const(n - 1, self.index_dtype)
         dyn = ir.alu("max", dyn, zero)
         dyn = ir.alu("where", ir.alu("lt", top, dyn), top, dyn)
-        static = [sym.const(0) if a == axis else i for a, i in enumerate(idx)]
-        stride = sym.strides_of(src.shape)[axis]
-        base = self.load_base(src)
-        flat = ir.alu("add", self.lin_expr(sym.flat_index(static, src.shape)),
-                      ir.alu("mul", dyn, ir.const(stride, self.index_dtype)))
-        return ir.load(base, src.dtype, flat, self.cond_expr(conds))
+        name = f"g{len(self.dynamic)}"
+        self.dynamic[name] = dyn
+        src_idx = [sym.var(name, n) if a == axis else i for a, i in enumerate(idx)]
+        return self.value(src, src_idx, conds)
 
     def load_base(self, node: Lazy) -> str:
         key = id(node.buffer) if node.buffer is not None else id(node)

@@ -75,7 +75,7 @@ def _signature(args: tuple, kwargs: dict) -> tuple:
 
 @dataclass
 class Captured:
-    steps: list[Any]  # Launch / DeviceCopy objects, in order
+    steps: list[Any]  # Launch / DeviceCopy / TransferCopy objects, in order
     input_slots: list[list[tuple[int, int]]]  # per input: (step, buffer position) it appears at
     outputs: Any  # the function's return value with tensors replaced by (index into out_bufs)
     out_bufs: list[tuple[Buffer, tuple[int, ...], Any, str]]
@@ -123,6 +123,8 @@ class JitFunction:
         try:
             out = self.fn(*args, **kwargs)
             _realize_all(out)
+            # a replay hands back whole buffers: an output that is a view gets its own copy
+            out = _map_tensors(out, _owning)
         finally:
             sched.recording = None
         input_ids = [id(t.lazy.buffer) for t in inputs]
@@ -252,7 +254,8 @@ def _plan_memory(steps: list[Any]) -> None:
 def _make_graph(c: Captured, inputs: list[Any]) -> None:
     """On backends with device graphs (CUDA), record the whole replay as one graph."""
     devices = {st.buffers[0].device for st in c.steps}
-    if len(devices) != 1:
+    # a transfer between devices goes through the host, which a device graph cannot hold
+    if len(devices) != 1 or any(isinstance(st, sched.TransferCopy) for st in c.steps):
         return
     (device,) = devices
     make = getattr(device, "capture_graph", None)

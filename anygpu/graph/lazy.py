@@ -174,13 +174,15 @@ def is_view_of_buffer(node: "Lazy") -> bool:
 def pending_readers(target: "Lazy", exclude: "Lazy") -> list["Lazy"]:
     """The unrealized computations alive now that read ``target`` (other than ``exclude``):
     the ends of its chains of consumers, each taken back through pure views to the node that
-    computes something."""
+    computes something. A consumer that no longer lists the node among its sources (``exclude``,
+    cut loose from its graph once scheduled) does not count."""
     found: dict[int, Lazy] = {}
     seen: set[int] = set()
     stack = [target]
     while stack:
         node = stack.pop()
-        consumers = [c for c in (r() for r in node.consumers) if c is not None]
+        consumers = [c for c in (r() for r in node.consumers) if c is not None and (
+            c.realized or any(s is node for s in c.srcs))]
         node.consumers = [weakref.ref(c) for c in consumers]
         # a node some realized node was computed from is a leftover of that computation (held
         # by autograd records), not a value anyone is waiting for

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -118,6 +119,7 @@ def _signature(root: Lazy) -> tuple[tuple, list[Lazy]]:
         return index[id(node)]
 
     visit(root)
+    visit = None  # type: ignore[assignment]  # break the closure's cycle: walk's nodes die now
     return tuple(parts), walk
 
 
@@ -176,10 +178,16 @@ def run(items: list[Item]) -> None:
 
 
 def _run_copy(node: Lazy) -> None:
-    host = read_buffer(node.srcs[0])
+    src = node.srcs[0]
+    if src.buffer is None:  # a view: copy its elements through a contiguous temporary
+        src = src.contiguous()
+        realize(src)
+    assert src.buffer is not None
     device = get_device(node.device)
     buf = alloc_for(device, node.numel, node.dtype)
-    buf.copy_in(to_storage(host, node.dtype, device).reshape(-1))
+    copy = TransferCopy(device, get_device(src.device), node.numel, node.dtype, [buf, src.buffer])
+    copy()
+    _record(copy)
     node.set_buffer(buf)
 
 
@@ -200,22 +208,38 @@ class Launch:
 
 @dataclass
 class DeviceCopy:
-    """A device-to-device copy, recorded by jit like a launch."""
+    """A copy within one device, recorded by jit like a launch: ``buffers`` is [dst, src]."""
 
     device: Device
-    dst: Buffer
-    src: Buffer
-
-    @property
-    def buffers(self) -> list[Buffer]:
-        return [self.dst, self.src]
-
-    @buffers.setter
-    def buffers(self, value: list[Buffer]) -> None:
-        self.dst, self.src = value
+    buffers: list[Buffer]
 
     def __call__(self, wait: bool = False) -> None:
-        self.device.copy(self.dst, self.src)
+        self.device.copy(self.buffers[0], self.buffers[1])
+
+
+@dataclass
+class TransferCopy:
+    """A copy between devices (through the host), recorded by jit like a launch: ``buffers``
+    is [dst, src]."""
+
+    dst_device: Device
+    src_device: Device
+    numel: int
+    dtype: DType
+    buffers: list[Buffer]
+
+    def __call__(self, wait: bool = False) -> None:
+        dst, src = self.buffers
+        store = self.src_device.storage_dtype(self.dtype)
+        raw = np.empty(max(self.numel, 1), dtype=store.np)
+        src.copy_out(raw)
+        host = from_storage(raw[:self.numel], self.dtype)
+        dst.copy_in(to_storage(host, self.dtype, self.dst_device).reshape(-1))
+
+
+def _record(step: Launch | DeviceCopy | TransferCopy) -> None:
+    if recording is not None:
+        recording.append(step)
 
 
 _compiled: dict[tuple, tuple[Program, ir.Kernel]] = {}
@@ -262,8 +286,7 @@ def _run_kernel(item: KernelItem) -> None:
               f"(host {host * 1e6:.0f} us)", file=sys.stderr)
     else:
         launch()
-    if recording is not None:
-        recording.append(launch)
+    _record(launch)
     item.ast.output.set_buffer(launch.buffers[0])
 
 
@@ -294,28 +317,53 @@ def _reads_only_at(ast: lower.KernelAST, buf_name: str, index: ir.Expr) -> bool:
 
 _in_place: dict[tuple, lower.KernelAST] = {}
 
+# A value written in place shares the target's buffer. Before the next write into that buffer,
+# the values still alive get a copy of their own, so they keep what they were (PyTorch's copy_
+# leaves its source alone). Keyed by id(buffer); each entry is checked against the buffer.
+_aliases: dict[int, list[weakref.ref]] = {}
+
+
+def _detach_aliases(target: Lazy, device: Device) -> None:
+    assert target.buffer is not None
+    for ref in _aliases.pop(id(target.buffer), []):
+        node = ref()
+        if node is None or node is target or node.buffer is not target.buffer:
+            continue
+        own = alloc_for(device, node.numel, node.dtype)
+        copy = DeviceCopy(device, [own, target.buffer])
+        copy()
+        _record(copy)
+        node.buffer = own
+
 
 def realize_into(value: Lazy, target: Lazy) -> None:
     """Compute ``value`` into ``target``'s buffer, in place where every element only reads
-    its own position of the target (an optimizer update), else through a temporary."""
+    its own position of the target (an optimizer update), else through a temporary.
+
+    Computations built before the write read the old values, as in eager PyTorch: those still
+    alive (held by a tensor, not only fused into ``value``) are computed first."""
     if target.buffer is None or target.op is not Op.BUFFER:
         raise ValueError("assign needs a realized tensor that owns its memory, not a view")
     if value.shape != target.shape or value.dtype != target.dtype:
         raise ValueError(f"assign of {value.shape} {value.dtype.name} into {target.shape} "
                          f"{target.dtype.name}")
     device = get_device(target.device)
+    _detach_aliases(target, device)
+    items = [] if value.realized else schedule([value])
+    if items and isinstance(items[-1], KernelItem) and items[-1].output is value:
+        # the last kernel holds what it needs; cut loose, the nodes value fused in stay alive
+        # only where something else holds them, and those are computed before the write
+        value.srcs = ()
     readers = pending_readers(target, value)
     if readers:
-        run(schedule(readers))  # they were built to see the old values: compute them first
+        run(schedule(readers))
     if value.realized:
         if value.buffer is not target.buffer:
             assert value.buffer is not None
-            copy = DeviceCopy(device, target.buffer, value.buffer)
+            copy = DeviceCopy(device, [target.buffer, value.buffer])
             copy()
-            if recording is not None:
-                recording.append(copy)
+            _record(copy)
         return
-    items = schedule([value])
     run(items[:-1])
     last = items[-1]
     if isinstance(last, KernelItem):
@@ -335,13 +383,12 @@ def realize_into(value: Lazy, target: Lazy) -> None:
             launch = prepare(KernelItem(ast, key if k is not None else last.signature),
                              out=target.buffer)
             launch()
-            if recording is not None:
-                recording.append(launch)
+            _record(launch)
             value.set_buffer(target.buffer)
+            _aliases.setdefault(id(target.buffer), []).append(weakref.ref(value))
             return
     run([last])
     assert value.buffer is not None
-    copy = DeviceCopy(device, target.buffer, value.buffer)
+    copy = DeviceCopy(device, [target.buffer, value.buffer])
     copy()
-    if recording is not None:
-        recording.append(copy)
+    _record(copy)
