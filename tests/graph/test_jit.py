@@ -107,3 +107,46 @@ def test_view_inputs_replay_with_their_values(device: str) -> None:
         base = rng.standard_normal((4, 6)).astype(np.float32)
         got = f(ag.tensor(base, device=device)[1:3]).item()
         assert got == pytest.approx(float((base[1:3] * 3).sum()), rel=1e-5)
+
+
+def test_assign_inside_replays_each_input(device: str) -> None:
+    """A state written with ``assign`` inside the function takes each call's input."""
+    state = ag.zeros(2, device=device)
+
+    @ag.jit
+    def remember(v: ag.Tensor) -> ag.Tensor:
+        state.assign(v)
+        return state * 1
+
+    rng = np.random.default_rng()
+    for _ in range(4):
+        v = rng.standard_normal(2).astype(np.float32)
+        np.testing.assert_allclose(remember(ag.tensor(v, device=device)).numpy(), v)
+        np.testing.assert_allclose(state.numpy(), v)
+
+
+def test_transfers_between_devices_replay(devices: list[str]) -> None:
+    """``.to(other device)`` inside the function copies each call's data."""
+    if len(devices) < 2:
+        pytest.skip("needs two devices")
+    here, there = devices[0], devices[1]
+
+    @ag.jit
+    def roundtrip(v: ag.Tensor) -> ag.Tensor:
+        return (v.to(there) * 2).to(here) + 1
+
+    rng = np.random.default_rng()
+    for _ in range(4):
+        v = rng.standard_normal(3).astype(np.float32)
+        np.testing.assert_allclose(roundtrip(ag.tensor(v, device=here)).numpy(), v * 2 + 1,
+                                   rtol=1e-6)
+
+
+def test_view_outputs_replay(device: str) -> None:
+    """An output that is a view of computed memory (a 0-d sum) comes back on every replay."""
+    fn = ag.jit(lambda v: (v * 2).sum())
+    rng = np.random.default_rng()
+    for _ in range(4):
+        v = rng.standard_normal(5).astype(np.float32)
+        np.testing.assert_allclose(fn(ag.tensor(v, device=device)).item(), (v * 2).sum(),
+                                   rtol=1e-5)

@@ -145,3 +145,42 @@ def test_same_structure_twice_schedules_the_same() -> None:
     assert isinstance(k1, KernelItem) and isinstance(k2, KernelItem)
     assert [n.buffer for n in k2.ast.inputs] == [c.lazy.buffer, d.lazy.buffer]
     assert k2.ast.output is not k1.ast.output
+
+
+def test_assign_keeps_earlier_values(device: str) -> None:
+    """Values built before an in-place write read the old data, as in eager PyTorch."""
+    x = ag.tensor([1.0, 2.0, 3.0], device=device)
+    y = x * 2
+    x.assign(y + 1)
+    assert y.tolist() == [2.0, 4.0, 6.0]
+    assert x.tolist() == [3.0, 5.0, 7.0]
+
+
+def test_assigned_value_stays_its_own(device: str) -> None:
+    """After ``x.assign(z)`` a later write into x leaves z alone (PyTorch's copy_)."""
+    x = ag.tensor([1.0, 2.0, 3.0], device=device)
+    z = x * 3 + 1
+    x.assign(z)
+    x.assign(x * 0 - 1)
+    assert z.tolist() == [4.0, 7.0, 10.0]
+    assert x.tolist() == [-1.0, -1.0, -1.0]
+
+
+def test_views_see_writes(device: str) -> None:
+    """A pure view of a tensor shows later writes into it (PyTorch views share memory)."""
+    x = ag.tensor([1.0, 2.0, 3.0], device=device)
+    v = x[1:]
+    x.assign(x + 10)
+    assert v.tolist() == [12.0, 13.0]
+
+
+def test_gather_reads_views_in_place(device: str) -> None:
+    """Indexing a view of realized memory reads that memory: the view gets no copy of its own,
+    so it keeps showing the memory after later writes."""
+    flat = ag.tensor(np.arange(12, dtype=np.float32), device=device)
+    table = flat[2:].reshape(5, 2)
+    rows = table[ag.tensor([4, 0], device=device)]
+    assert rows.tolist() == [[10.0, 11.0], [2.0, 3.0]]
+    assert table.lazy.buffer is None
+    flat.assign(flat * 2)
+    assert table[ag.tensor([1], device=device)].tolist() == [[8.0, 10.0]]
