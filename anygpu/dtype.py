@@ -111,6 +111,20 @@ def promote(a: DType, b: DType) -> DType:
     return a if a.itemsize > b.itemsize else b
 
 
+def _category(d: DType) -> int:
+    return 0 if d.is_bool else 2 if d.is_float else 1
+
+
+def promote_tensors(a: DType, a_is_0d: bool, b: DType, b_is_0d: bool) -> DType:
+    """PyTorch's promotion between tensors: a 0-d tensor takes part only when it is of a higher
+    category (bool < integer < float) than the tensor with dimensions (int32 + 0-d int64 is
+    int32; float16 * 0-d float32 is float16; int32 * 0-d float32 is float32)."""
+    if a_is_0d != b_is_0d:
+        dim, zero = (b, a) if a_is_0d else (a, b)
+        return dim if _category(zero) <= _category(dim) else zero
+    return promote(a, b)
+
+
 def scalar_dtype(value: object, other: DType) -> DType:
     """The dtype a Python scalar takes when combined with a tensor of dtype ``other``."""
     if isinstance(value, (bool, np.bool_)):

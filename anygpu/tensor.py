@@ -22,7 +22,7 @@ from anygpu.graph import schedule as sched
 from anygpu.graph.lazy import Lazy
 from anygpu.ops.grad import is_grad_enabled
 from anygpu.ops.primitives import Op
-from anygpu.runtime.registry import canonical, get_device
+from anygpu.runtime.registry import canonical, get_device, is_device_name
 
 Scalar = Union[int, float, bool]
 TensorLike = Union["Tensor", Scalar, Sequence[Any], np.ndarray]
@@ -165,16 +165,9 @@ class Tensor:
         return f"tensor({body}{extra})"
 
     def to(self, *args: Any, **kwargs: Any) -> "Tensor":
-        """``to(device)``, ``to(dtype)`` or ``to(device, dtype)`` (PyTorch's order)."""
-        device, dtype = kwargs.get("device"), kwargs.get("dtype")
-        for a in args:
-            try:
-                dtype = dt.to_dtype(a) if not isinstance(a, str) or ":" not in a and a not in (
-                    "cpu", "opencl", "cuda", "webgpu", "hip") else None
-            except TypeError:
-                dtype = None
-            if dtype is None:
-                device = a
+        """``to(device)``, ``to(dtype)``, ``to(device, dtype)`` or ``to(other)`` (PyTorch's
+        forms); ``non_blocking`` and ``copy`` are accepted."""
+        device, dtype = parse_to(args, kwargs)
         out = self
         if dtype is not None:
             out = out.cast(dtype)
@@ -213,6 +206,15 @@ class Tensor:
     def _move(self, op: Op, arg: Any) -> "Tensor":
         lazy = self.lazy.movement(op, arg)
         return self if lazy is self.lazy else Tensor._make(lazy, (self,), op, tuple(arg))
+
+    def _custom(self, name: str, others: tuple["Tensor", ...], arg: Any,
+                compute: Any) -> "Tensor":
+        """A composite whose gradient is its own rule (``ops/grad.py`` RULES[name]) rather than
+        the chain of its primitives' (which is NaN or wrong at kinks and extremes)."""
+        from anygpu.ops.grad import no_grad
+        with no_grad():
+            out = compute()
+        return Tensor._make(out.lazy, (self, *others), name, arg)
 
     def _reduce(self, op: Op, axes: Sequence[int]) -> "Tensor":
         return Tensor._make(self.lazy.reduce(op, axes), (self,), op, tuple(sorted(set(axes))))
@@ -255,7 +257,7 @@ class Tensor:
     def _operands(self, other: TensorLike, reverse: bool = False,
                   out_dtype: DType | None = None) -> tuple["Tensor", "Tensor"]:
         if isinstance(other, Tensor):
-            d = dt.promote(self.dtype, other.dtype)
+            d = dt.promote_tensors(self.dtype, self.ndim == 0, other.dtype, other.ndim == 0)
             if other.device != self.device:
                 raise ValueError(f"operands are on different devices: {self.device} and "
                                  f"{other.device}; move one with .to()")
@@ -294,6 +296,7 @@ class Tensor:
         if rounding_mode == "floor":
             return self.floor_divide(other)
         if rounding_mode == "trunc":
+            self._check_int_divisor(other)
             a, b = self._operands(other)
             return a._alu(Op.IDIV, b) if not a.dtype.is_float else (a / b).trunc()
         a, b = self._operands(other)
@@ -306,49 +309,59 @@ class Tensor:
             raise TypeError("negation of a bool tensor is not supported; use logical_not")
         return self._alu(Op.NEG)
 
+    def _check_int_divisor(self, other: TensorLike) -> None:
+        if not self.dtype.is_float and isinstance(other, (int, np.integer)) and not isinstance(
+                other, bool) and other == 0:
+            raise ZeroDivisionError("integer division by zero")
+
     def floor_divide(self, other: TensorLike) -> "Tensor":
+        self._check_int_divisor(other)
         a, b = self._operands(other)
         if a.dtype.is_float:
-            return (a / b).floor()
+            # PyTorch's div_floor: from the exact remainder, so 1.0 // 0.1 is 9 as in Python
+            mod = a._alu(Op.MOD, b)
+            div = (a - mod) / b
+            div = div - (mod.ne(0).logical_and(b.lt(0).logical_xor(mod.lt(0)))).cast(a.dtype)
+            floor = div.floor()
+            floor = floor + (div - floor).gt(0.5).cast(a.dtype)
+            out = div.ne(0)._select(floor, (a / b) * 0)  # a zero keeps the quotient's sign
+            return b.eq(0)._select(a / b, out)
         q = a._alu(Op.IDIV, b)
         r = a._alu(Op.MOD, b)
         fix = (r != 0).logical_and((r < 0).logical_xor(b < 0))
         return q - fix.cast(q.dtype)
 
     def remainder(self, other: TensorLike) -> "Tensor":
+        self._check_int_divisor(other)
         a, b = self._operands(other)
-        if a.dtype.is_float:
-            return a - (a / b).floor() * b
         r = a._alu(Op.MOD, b)
+        if a.dtype.is_float:
+            fix = r.ne(0).logical_and(b.lt(0).logical_xor(r.lt(0)))
+            return fix._select(r + b, r)
         fix = (r != 0).logical_and((r < 0).logical_xor(b < 0))
         return r + fix.cast(r.dtype) * b
 
     def fmod(self, other: TensorLike) -> "Tensor":
+        self._check_int_divisor(other)
         a, b = self._operands(other)
-        return a._alu(Op.MOD, b) if not a.dtype.is_float else a - (a / b).trunc() * b
+        return a._alu(Op.MOD, b)
 
     def pow(self, exponent: TensorLike) -> "Tensor":
-        if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
-            if exponent == 2:
-                return self * self
-            if exponent == 1:
-                return self * 1
-            if exponent == 0.5 and self.dtype.is_float:
-                return self.sqrt()
-            if exponent == -1 and self.dtype.is_float:
-                return self.reciprocal()
         a, b = self._operands(exponent)
+        scalar = isinstance(exponent, (int, float, np.number)) and not isinstance(exponent, bool)
+        if a.dtype == dt.bool_:
+            a, b = a.cast(dt.int64), b.cast(dt.int64)
         if not a.dtype.is_float:
-            if isinstance(exponent, Tensor) or exponent >= 0:  # type: ignore[operator]
-                return a.float().pow(b.float()).round().cast(a.dtype)
-            raise ValueError("integers to negative integer powers are not allowed")
-        mag = (b * a.abs().log2()).exp2()
-        odd = (b.remainder(2) == 1)
-        is_int = b == b.trunc()
-        neg_result = mag.where(~odd, -mag)
-        nan = a._const_like(float("nan"))
-        out = a.lt(0)._select(is_int._select(neg_result, nan), mag)
-        return (b == 0)._select(a._const_like(1.0), out)
+            if scalar and exponent < 0:  # type: ignore[operator]
+                raise ValueError("integers to negative integer powers are not allowed")
+            return _int_pow(a, b, int(exponent) if scalar else None)  # type: ignore[arg-type]
+        if scalar and float(exponent) in (0.0, 1.0, 2.0, 3.0):  # type: ignore[arg-type]
+            n = int(exponent)  # type: ignore[arg-type]
+            # products, whose gradient PyTorch's pow has too: exact, and finite at zero
+            return a * 0 + 1 if n == 0 else a * 1 if n == 1 else a * a if n == 2 else a * a * a
+        if scalar and float(exponent) == 0.5:  # type: ignore[arg-type]
+            return a.sqrt()
+        return a._custom("pow", (b,), None, lambda: _float_pow(a, b))
 
     def __add__(self, o: TensorLike) -> "Tensor":
         return self.add(o)
@@ -513,14 +526,20 @@ class Tensor:
         return b.lt(a)._select(b, a)
 
     def clip(self, min: TensorLike | None = None, max: TensorLike | None = None) -> "Tensor":
+        """Clamp into [min, max]; the gradient passes where min <= x <= max (the bounds
+        included, as in PyTorch)."""
         if min is None and max is None:
             raise ValueError("clip needs min or max")
-        out = self
-        if min is not None:
-            out = out.maximum(min)
-        if max is not None:
-            out = out.minimum(max)
-        return out
+        bounds = tuple(b for b in (min, max) if isinstance(b, Tensor))
+
+        def compute() -> "Tensor":
+            out = self
+            if min is not None:
+                out = out.maximum(min)
+            if max is not None:
+                out = out.minimum(max)
+            return out
+        return self._custom("clamp", bounds, (min, max), compute)
 
     clamp = clip
 
@@ -548,10 +567,25 @@ class Tensor:
         return self.log2() * LN_2
 
     def log1p(self) -> "Tensor":
-        return (self._float() + 1).log()
+        """log(1 + x), accurate for tiny x: log(u) * x / (u - 1) with u = 1 + x rounded (the
+        rounding error of u cancels; Goldberg, 1991)."""
+        x = self._float()
+
+        def compute() -> "Tensor":
+            u = x + 1
+            return u.eq(1)._select(x, u.eq(float("inf"))._select(u, u.log() * (x / (u - 1))))
+        return x._custom("log1p", (), None, compute)
 
     def expm1(self) -> "Tensor":
-        return self.exp() - 1
+        """exp(x) - 1, accurate for tiny x: (u - 1) * x / log(u) with u = exp(x) (Kahan)."""
+        x = self._float()
+
+        def compute() -> "Tensor":
+            u = x.exp()
+            um1 = u - 1
+            exact = um1.eq(-1).logical_or(u.eq(float("inf")))
+            return u.eq(1)._select(x, exact._select(um1, um1 * (x / u.log())))
+        return x._custom("expm1", (), None, compute)
 
     def sqrt(self) -> "Tensor":
         return self._float()._alu(Op.SQRT)
@@ -572,12 +606,12 @@ class Tensor:
         return self.sin() / self.cos()
 
     def square(self) -> "Tensor":
-        return self * self
+        return self.pow(2)
 
     def abs(self) -> "Tensor":
         if self.dtype == dt.bool_ or self.dtype.is_unsigned:
             return self
-        return self.lt(0)._select(-self, self)
+        return self._custom("abs", (), None, lambda: self.lt(0)._select(-self, self))
 
     def sign(self) -> "Tensor":
         if self.dtype == dt.bool_:
@@ -612,13 +646,22 @@ class Tensor:
         return f + up.cast(self.dtype)
 
     def sigmoid(self) -> "Tensor":
-        return (1 + (-self._float()).exp()).reciprocal()
+        x = self._float()
+        return x._custom("sigmoid", (), None, lambda: (1 + (-x).exp()).reciprocal())
 
     def tanh(self) -> "Tensor":
-        return 2 * (2 * self._float()).sigmoid() - 1
+        """sign(x) * (1 - e) / (1 + e) with e = exp(-2|x|), through expm1 so that tiny x keep
+        their precision: tanh(|x|) = -expm1(-2|x|) / (2 + expm1(-2|x|))."""
+        x = self._float()
+
+        def compute() -> "Tensor":
+            m = (x.abs() * -2).expm1()
+            t = -m / (m + 2)
+            return x.lt(0)._select(-t, t)
+        return x._custom("tanh", (), None, compute)
 
     def relu(self) -> "Tensor":
-        return self.gt(0)._select(self, self._const_like(0))
+        return self.le(0)._select(self._const_like(0), self)  # NaN stays NaN, as in PyTorch
 
     def leaky_relu(self, negative_slope: float = 0.01) -> "Tensor":
         return self.gt(0)._select(self, self * negative_slope)
@@ -695,7 +738,7 @@ class Tensor:
             return self.maximum(axis)
         if axis is None:
             return self._max(None, False)
-        return MinMax(self._max(axis, keepdim), self.argmax(axis, keepdim))
+        return MinMax(self._max_first(axis, keepdim), self.argmax(axis, keepdim))
 
     def min(self, axis: Any = None, keepdim: bool = False, dim: int | None = None) -> Any:
         axis = dim if dim is not None else axis
@@ -703,8 +746,20 @@ class Tensor:
             return self.minimum(axis)
         if axis is None:
             return self._neg_for_min()._max(None, False)._neg_for_min()
-        values = self._neg_for_min()._max(axis, keepdim)._neg_for_min()
+        values = self._neg_for_min()._max_first(axis, keepdim)._neg_for_min()
         return MinMax(values, self.argmin(axis, keepdim))
+
+    def _max_first(self, axis: int, keepdim: bool) -> "Tensor":
+        """The maximum along one axis whose gradient goes to the first maximum (the index that
+        argmax returns), as ``torch.max(x, dim)``; ``amax`` splits it among ties."""
+        if self.ndim == 0:
+            _axis(axis, 0)
+            return self * 1
+        ax = _axis(axis, self.ndim)
+        if not self.dtype.is_float:
+            return self._max(ax, keepdim)
+        out = self._custom("max_first", (), ax, lambda: self._max(ax, keepdim=True))
+        return self._finish(out, (ax,), keepdim)
 
     def amax(self, axis: ShapeLike | None = None, keepdim: bool = False) -> "Tensor":
         return self._max(axis, keepdim)
@@ -725,8 +780,13 @@ class Tensor:
         axis = dim if dim is not None else axis
         if axis is None:
             return self.reshape(-1).argmax(0)
+        if self.ndim == 0:
+            _axis(axis, 0)
+            return full((), 0, dt.int64, self.device)
         ax = _axis(axis, self.ndim)
         n = self.shape[ax]
+        if n == 0:
+            raise IndexError(f"argmax/argmin over an empty dimension of shape {self.shape}")
         x = self.cast(dt.uint8) if self.dtype == dt.bool_ else self
         m = x._max(ax, keepdim=True)
         # the first index wins: take the largest of (n - i) over the positions equal to the max
@@ -765,7 +825,22 @@ class Tensor:
 
     def std(self, axis: ShapeLike | None = None, keepdim: bool = False, correction: int = 1,
             dim: ShapeLike | None = None, unbiased: bool | None = None) -> "Tensor":
-        return self.var(axis, keepdim, correction, dim, unbiased).sqrt()
+        """The square root of ``var``, computed on deviations scaled by the largest one so that
+        values beyond 1e19 do not overflow float32 when squared."""
+        axis = dim if dim is not None else axis
+        if unbiased is not None:
+            correction = int(unbiased)
+        axes = self._axes(axis)
+        count = math.prod(self.shape[a] for a in axes)
+
+        def compute() -> "Tensor":
+            diff = self - self.mean(axes, keepdim=True)
+            scale = diff.abs()._max(axes, keepdim=True) if count else diff.sum(axes, True)
+            scale = scale.eq(0).logical_or(scale.isinf())._select(scale._const_like(1.0), scale)
+            scaled = diff / scale
+            return scale * scaled.var(axes, True, correction).sqrt()
+        out = self._custom("std", (), (axes, count, correction), compute)
+        return self._finish(out, axes, keepdim)
 
     def logsumexp(self, axis: ShapeLike, keepdim: bool = False) -> "Tensor":
         axes = self._axes(axis)
@@ -794,12 +869,14 @@ class Tensor:
 
     def cumsum(self, axis: int = 0, dim: int | None = None) -> "Tensor":
         axis = _axis(dim if dim is not None else axis, self.ndim)
+        if self.ndim == 0:
+            return self * 1 if self.dtype.is_float else self.cast(dt.int64)
         n = self.shape[axis]
         x = self.transpose(axis, -1)
         i = arange(n, device=self.device, dtype=dt.int32)
         mask = i.reshape(n, 1).ge(i.reshape(1, n))  # out[j] sums x[k] for k <= j
         x = x.cast(dt.int64) if not x.dtype.is_float else x
-        out = (x.unsqueeze(-2) * mask.cast(x.dtype)).sum(-1)
+        out = mask._select(x.unsqueeze(-2), 0).sum(-1)  # a select: inf * 0 would be NaN
         return out.transpose(axis, -1)
 
     # ---- movement -----------------------------------------------------------------------------------
@@ -983,6 +1060,20 @@ class Tensor:
         return self
 
 
+def parse_to(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, DType | None]:
+    """(device, dtype) from the arguments of ``Tensor.to`` and ``Module.to``, in PyTorch's forms:
+    a device string, a dtype, a tensor (its device and dtype), or keywords."""
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, Tensor):
+            device, dtype = a.device, a.dtype
+        elif isinstance(a, str) and is_device_name(a):
+            device = a
+        else:
+            dtype = dt.to_dtype(a)
+    return device, (dt.to_dtype(dtype) if dtype is not None else None)
+
+
 class MinMax(tuple):
     """(values, indices) as ``torch.max(x, dim)`` returns."""
 
@@ -1010,6 +1101,44 @@ def _upload(arr: np.ndarray, dtype: DType, device: str) -> Lazy:
     if host.size:
         buf.copy_in(sched.to_storage(host, dtype, dev).reshape(-1))
     return Lazy.from_buffer(buf, tuple(arr.shape), dtype, dev.name)
+
+
+def _int_pow(a: Tensor, b: Tensor, exponent: int | None) -> Tensor:
+    """Integer powers, exact (wrapping as PyTorch's): square-and-multiply over the exponent's
+    bits. A negative exponent gives 0 except for bases 1 and -1, as in PyTorch."""
+    if exponent is not None:
+        out, base, e = a * 0 + 1, a, exponent
+        while e:
+            if e & 1:
+                out = out * base
+            e >>= 1
+            if e:
+                base = base * base
+        return out
+    out, base, e = a * 0 + 1, a, b
+    bits = 8 * a.dtype.itemsize
+    for k in range(bits - 1):
+        out = (e & 1).ne(0)._select(out * base, out)
+        if k < bits - 2:
+            base, e = base * base, e >> 1
+    odd = (b & 1).ne(0)
+    negative = a.eq(1)._select(a, a.eq(-1)._select(odd._select(a, -a), a * 0))
+    return b.lt(0)._select(negative, out)
+
+
+def _float_pow(a: Tensor, b: Tensor) -> Tensor:
+    """a ** b for floats with C's special cases: |a| ** b through exp2 and log2, the sign from an
+    odd integer exponent, NaN for a finite negative base and a non-integer exponent, 1 for
+    1 ** anything, anything ** 0 and (-1) ** +-inf."""
+    mag = (b * a.abs().log2()).exp2()
+    is_int = b.eq(b.trunc())
+    odd = is_int.logical_and(b.remainder(2).eq(1))
+    finite_negative = a.lt(0).logical_and(a.ne(float("-inf")))
+    nan = a._const_like(float("nan"))
+    out = a.lt(0)._select(odd._select(-mag, finite_negative._select(is_int._select(mag, nan),
+                                                                      mag)), mag)
+    one = a.eq(1).logical_or(b.eq(0)).logical_or(a.eq(-1).logical_and(b.abs().eq(float("inf"))))
+    return one._select(a._const_like(1.0), out)
 
 
 def _as_tensor(x: TensorLike, like: Tensor) -> Tensor:

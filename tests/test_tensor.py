@@ -804,8 +804,14 @@ def test_empty_tensors(device: str, check: Any) -> None:
     check(tw.amax(0), w.max(0), F32)
     check(tw.permute(2, 0, 1).contiguous(), w.transpose(2, 0, 1), F32)
     check(ag.arange(0, device=device), np.arange(0), ag.int64)
-    with pytest.raises(ValueError, match="over an empty axis"):
-        tz.sum(0)  # PyTorch gives zeros here; anygpu refuses reductions over empty axes
+    check(tz.sum(0), z.sum(0), F32)  # over the empty axis: zeros, as PyTorch
+    check(tz.prod(0), z.prod(0), F32)
+    check(tz.mean(0), np.full(5, np.nan, np.float32), F32)
+    check(tz.t() @ tz, z.T @ z, F32)  # an empty inner dimension
+    with pytest.raises(IndexError, match="empty"):
+        tz.amax(0)  # a maximum of nothing is an error, as in PyTorch
+    with pytest.raises(IndexError, match="empty"):
+        tz.argmax(0)
 
 
 def test_reductions_of_0d_and_size1(device: str, check: Any) -> None:

@@ -103,7 +103,9 @@ class Lazy:
             return self
         shape = tuple(1 if i in axes else n for i, n in enumerate(self.shape))
         if any(self.shape[a] == 0 for a in axes):
-            raise ValueError(f"{op.value} over an empty axis of shape {self.shape}")
+            if op is Op.RMAX:  # as PyTorch: a maximum of nothing is an error
+                raise IndexError(f"max/min over an empty dimension of shape {self.shape}")
+            return Lazy.const(0 if op is Op.SUM else 1, shape, self.dtype, self.device)
         return Lazy(op, (self,), axes, shape, self.dtype, self.device)
 
     def movement(self, op: Op, arg: Any) -> "Lazy":

@@ -25,7 +25,7 @@ import numpy as np
 
 from anygpu import dtype as dt
 from anygpu.runtime.registry import canonical
-from anygpu.tensor import Tensor, realize, zeros_like
+from anygpu.tensor import Tensor, parse_to, realize, zeros_like
 
 
 class Parameter(Tensor):
@@ -76,22 +76,6 @@ def _detached(t: Tensor) -> Tensor:
     parameters as views of one flat buffer) a node over it, so that reading the result does
     not turn the parameter itself into a separate copy."""
     return t.detach() if t.lazy.realized else Tensor(t.lazy.contiguous())
-
-
-def _parse_to(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, Any]:
-    """(device, dtype) from the arguments of ``Module.to``, in PyTorch's forms."""
-    device, dtype = kwargs.get("device"), kwargs.get("dtype")
-    for a in args:
-        if isinstance(a, Tensor):
-            device, dtype = a.device, a.dtype
-        elif isinstance(a, str) and (":" in a or a in ("cpu", "opencl", "cuda", "webgpu", "hip")):
-            device = a
-        else:
-            try:
-                dtype = dt.to_dtype(a)
-            except TypeError:
-                device = a
-    return device, (dt.to_dtype(dtype) if dtype is not None else None)
 
 
 class Module:
@@ -388,7 +372,7 @@ class Module:
     def to(self, *args: Any, **kwargs: Any) -> "Module":
         """``to(device)``, ``to(dtype)`` or ``to(device, dtype)``: moves parameters and buffers
         in place; a dtype applies to the floating-point ones only, as in PyTorch."""
-        device, dtype = _parse_to(args, kwargs)
+        device, dtype = parse_to(args, kwargs)
         if dtype is not None and not dtype.is_float:
             raise TypeError(f"Module.to only accepts floating point dtypes, got {dtype.name}")
         dev = canonical(device) if device is not None else None

@@ -17,6 +17,7 @@ import contextlib
 import math
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
+from anygpu.dtype import int32
 from anygpu.ops.primitives import Op
 
 if TYPE_CHECKING:
@@ -97,6 +98,84 @@ def _where_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") 
     return None, c._select(g, zero), c._select(zero, g)
 
 
+def _reduce_to(g: "Tensor", shape: tuple[int, ...]) -> "Tensor":
+    """``g`` summed over the axes that broadcasting added to a tensor of ``shape``."""
+    lead = g.ndim - len(shape)
+    if lead:
+        g = g._reduce(Op.SUM, tuple(range(lead))).reshape(g.shape[lead:])
+    return _unexpand(g, shape)
+
+
+def _prod_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    """The product of the other factors, also where factors are zero (out / x would be NaN)."""
+    (x,) = ps
+    zero = x.eq(0)
+    nonzero = zero._select(x._const_like(1), x)._reduce(Op.PROD, arg).expand(x.shape)
+    zeros = zero.cast(g.dtype)._reduce(Op.SUM, arg).expand(x.shape)
+    gx = g.expand(x.shape)
+    lone_zero = zero.logical_and(zeros.eq(1))
+    return (zeros.eq(0)._select(gx * out.expand(x.shape) / x,
+                                lone_zero._select(gx * nonzero, gx * 0)),)
+
+
+def _max_first_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    """max(dim): the gradient goes to the index returned, the first maximum (or NaN)."""
+    from anygpu.tensor import arange
+
+    (x,) = ps
+    axis = arg
+    n = x.shape[axis]
+    hit = x.eq(out.expand(x.shape)).logical_or(x.ne(x))
+    rev = (n - arange(n, device=x.device, dtype=int32)).reshape(
+        (n,) + (1,) * (x.ndim - axis - 1))
+    score = hit._select(rev.expand(x.shape), 0)
+    first = score.eq(score._reduce(Op.RMAX, (axis,)).expand(x.shape)).logical_and(hit)
+    return (first._select(g.expand(x.shape), g._const_like(0)),)
+
+
+def _pow_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    """PyTorch's: d/da = b * a ** (b - 1), 0 where b = 0; d/db = out * log(a), 0 where a = 0
+    and b >= 0."""
+    from anygpu.tensor import _float_pow
+
+    a, b = ps
+    zero = g._const_like(0)
+    ga = b.eq(0)._select(zero, g * b * _float_pow(a, b - 1))
+    gb = a.eq(0).logical_and(b.ge(0))._select(zero, g * out * a.log())
+    return ga, gb
+
+
+def _clamp_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    """To x where min <= x <= max (bounds included); to a tensor bound where x is past it."""
+    from anygpu.tensor import Tensor
+
+    x, *bounds = ps
+    low, high = arg
+    inside = x.eq(x)
+    if low is not None:
+        inside = inside.logical_and(x.ge(low))
+    if high is not None:
+        inside = inside.logical_and(x.le(high))
+    zero = g._const_like(0)
+    grads: list[Tensor | None] = [inside._select(g, zero)]
+    for bound in bounds:
+        past = x.lt(bound) if bound is low else x.gt(bound)
+        if bound is low and isinstance(high, Tensor) and high is not low:
+            past = past.logical_and(x.le(high))
+        grads.append(_reduce_to(past._select(g, zero), bound.shape))
+    return tuple(grads)
+
+
+def _std_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    """(x - mean) / (std * (n - correction)), and 0 where std is 0 (a constant), as PyTorch."""
+    (x,) = ps
+    axes, count, correction = arg
+    mean = x._reduce(Op.SUM, axes) * (1.0 / count)
+    std = out.expand(x.shape)
+    grad = g.expand(x.shape) * (x - mean.expand(x.shape)) / (std * max(count - correction, 0))
+    return (std.eq(0)._select(g._const_like(0).expand(x.shape), grad),)
+
+
 RULES: dict[Any, Rule] = {
     Op.NEG: lambda out, ps, arg, g: (-g,),
     Op.EXP2: lambda out, ps, arg, g: (g * out * math.log(2),),
@@ -113,7 +192,8 @@ RULES: dict[Any, Rule] = {
     Op.WHERE: _where_grad,
     Op.SUM: lambda out, ps, arg, g: (g.expand(ps[0].shape),),
     Op.RMAX: _rmax_grad,
-    Op.PROD: lambda out, ps, arg, g: ((g * out).expand(ps[0].shape) / ps[0],),
+    Op.PROD: _prod_grad,
+    Op.MOD: lambda out, ps, arg, g: (g, -g * (ps[0] / ps[1]).trunc()),
     Op.RESHAPE: lambda out, ps, arg, g: (g.reshape(ps[0].shape),),
     Op.PERMUTE: _permute_grad,
     Op.EXPAND: lambda out, ps, arg, g: (_unexpand(g, ps[0].shape),),
@@ -123,10 +203,19 @@ RULES: dict[Any, Rule] = {
     "contiguous": lambda out, ps, arg, g: (g,),
     "copy": lambda out, ps, arg, g: (g.to(ps[0].device),),
     "gather": _gather_grad,
+    # composites with rules of their own (Tensor._custom)
+    "pow": _pow_grad,
+    "abs": lambda out, ps, arg, g: (g * ps[0].sign(),),
+    "log1p": lambda out, ps, arg, g: (g / (ps[0] + 1),),
+    "expm1": lambda out, ps, arg, g: (g * (out + 1),),
+    "sigmoid": lambda out, ps, arg, g: (g * out * (1 - out),),
+    "tanh": lambda out, ps, arg, g: (g * (1 - out * out),),
+    "clamp": _clamp_grad,
+    "max_first": _max_first_grad,
+    "std": _std_grad,
 }
 # comparisons, logic, integer division and bit ops have bool or integer results: no gradient flows
-NOT_DIFFERENTIABLE = {Op.CMPLT, Op.CMPEQ, Op.AND, Op.OR, Op.XOR, Op.NOT, Op.IDIV, Op.MOD, Op.SHL,
-                      Op.SHR}
+NOT_DIFFERENTIABLE = {Op.CMPLT, Op.CMPEQ, Op.AND, Op.OR, Op.XOR, Op.NOT, Op.IDIV, Op.SHL, Op.SHR}
 
 
 def _toposort(root: "Tensor") -> list["Tensor"]:

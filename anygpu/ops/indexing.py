@@ -46,6 +46,8 @@ def _index_tensor(value: Any, like: "Tensor", size: int) -> "Tensor":
             raise IndexError(f"tensors used as indices must be integer, got {value.dtype.name}")
         return value.lt(0)._select(value + size, value)
     arr = np.asarray(value)
+    if arr.size == 0 and arr.dtype.kind == "f":  # x[[]]: an empty list selects nothing
+        arr = arr.astype(np.int64)
     if arr.dtype == np.bool_:
         arr = np.nonzero(arr)[0]
     if arr.dtype.kind not in "iu":
@@ -87,10 +89,7 @@ def getitem(x: "Tensor", index: Any) -> "Tensor":
         n = out.shape[axis]
         if isinstance(i, (bool, np.bool_)):
             raise IndexError("bool scalars are not supported as indices")
-        if isinstance(i, (int, np.integer)) and has_advanced:
-            # with advanced indices, an integer counts as one (NumPy's placement rules)
-            advanced.append((axis, np.asarray(int(i))))
-        elif isinstance(i, (int, np.integer)):
+        if isinstance(i, (int, np.integer)):  # a basic index even beside advanced ones (PyTorch)
             j = int(i)
             if not -n <= j < n:
                 raise IndexError(f"index {j} is out of bounds for dimension {axis} with size {n}")
@@ -115,10 +114,11 @@ def getitem(x: "Tensor", index: Any) -> "Tensor":
         else:
             raise IndexError(f"unsupported index {i!r}")
         axis += 1
-    if advanced:
-        return _advanced(out, advanced)
     if squeeze:
         out = out.reshape(tuple(s for k, s in enumerate(out.shape) if k not in squeeze))
+        advanced = [(a - sum(1 for q in squeeze if q < a), v) for a, v in advanced]
+    if advanced:
+        return _advanced(out, advanced)
     return out
 
 

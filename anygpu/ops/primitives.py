@@ -32,8 +32,8 @@ class Op(Enum):
     ADD = "add"
     MUL = "mul"
     DIV = "div"  # true division (floats)
-    IDIV = "idiv"  # integer division rounding toward zero (C semantics)
-    MOD = "mod"  # integer remainder with the dividend's sign (C semantics)
+    IDIV = "idiv"  # integer division toward zero; x / 0 is 0, MIN / -1 wraps (never traps)
+    MOD = "mod"  # remainder with the dividend's sign (C's % and fmod); see IDIV for ints
     MAX = "max"
     CMPLT = "cmplt"
     CMPEQ = "cmpeq"
@@ -69,7 +69,7 @@ REDUCE = {Op.SUM, Op.RMAX, Op.PROD}
 MOVEMENT = {Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.PAD, Op.SHRINK, Op.FLIP}
 COMPARISON = {Op.CMPLT, Op.CMPEQ}
 FLOAT_ONLY = {Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.TRUNC, Op.DIV}
-INT_ONLY = {Op.IDIV, Op.MOD, Op.XOR, Op.SHL, Op.SHR}
+INT_ONLY = {Op.IDIV, Op.XOR, Op.SHL, Op.SHR}
 
 
 def result_dtype(op: Op, src_dtypes: list[DType], arg: object = None) -> DType:

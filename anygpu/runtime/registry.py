@@ -67,6 +67,11 @@ def parse_device(name: str) -> tuple[str, int]:
     return backend, int(index or 0)
 
 
+def is_device_name(name: str) -> bool:
+    """Whether ``name`` names a device ("cuda", "opencl:1", ...) rather than something else."""
+    return name.partition(":")[0].lower() in BACKENDS
+
+
 def device_count(backend: str) -> int:
     return backend_module(backend).device_count()
 

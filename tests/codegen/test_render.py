@@ -68,10 +68,22 @@ def _gather() -> ag.Tensor:
     return x.gather(0, ag.tensor([[4, 0, 1, 3], [2, 2, 2, 2]], dtype=ag.int32))
 
 
+def _negative_constants() -> ag.Tensor:
+    # x - (-4) negates a negative literal: it must not render as "--4"
+    return (t((6,), ag.int32) - (-4)) * 3 + (t((6,)) - (-0.5)).clamp(max=-0.5).cast(ag.int32)
+
+
+def _int_division() -> ag.Tensor:
+    # by a tensor (zero and MIN / -1 guarded), by a constant (plain) and a float remainder
+    x, y = t((6,), ag.int32), t((6,), ag.int32, start=-3)
+    return x // y + x % 3 + (x.float().fmod(y.float())).cast(ag.int32)
+
+
 GRAPHS: dict[str, Callable[[], ag.Tensor]] = {
     "elementwise": _elementwise, "broadcast_where": _broadcast_where, "row_sum": _row_sum,
     "softmax": _softmax, "column_sum": _column_sum, "int8_pad_argmax": _int8_pad_argmax,
     "half": _half, "bfloat16": _bfloat16, "gather": _gather,
+    "negative_constants": _negative_constants, "int_division": _int_division,
 }
 
 

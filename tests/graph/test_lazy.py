@@ -94,7 +94,7 @@ def test_alu_checks() -> None:
     (Op.ADD, [dt.float32, dt.int32], "operand dtypes differ"),
     (Op.EXP2, [dt.int32], "needs a floating-point operand, got int32"),
     (Op.DIV, [dt.int64, dt.int64], "floating-point"),
-    (Op.MOD, [dt.float32, dt.float32], "needs an integer operand, got float32"),
+    (Op.IDIV, [dt.float32, dt.float32], "needs an integer operand, got float32"),
     (Op.SHL, [dt.float16, dt.float16], "integer operand"),
     (Op.NOT, [dt.int8], "needs a bool operand"),
     (Op.WHERE, [dt.int8, dt.float32, dt.float32], "condition must be bool"),
@@ -117,8 +117,11 @@ def test_reduce() -> None:
     r = x.reduce(Op.SUM, (2, 0, 2))
     assert r.shape == (1, 3, 1) and r.arg == (0, 2)
     assert x.reduce(Op.SUM, ()) is x
-    with pytest.raises(ValueError, match="over an empty axis"):
+    with pytest.raises(IndexError, match="empty"):
         node((2, 0)).reduce(Op.RMAX, (1,))
+    empty_sum = node((2, 0)).reduce(Op.SUM, (1,))
+    assert empty_sum.op is Op.CONST and empty_sum.arg == 0 and empty_sum.shape == (2, 1)
+    assert node((2, 0)).reduce(Op.PROD, (1,)).arg == 1
 
 
 def test_gather_checks() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from anygpu.codegen import ir
-from anygpu.codegen.render.cstyle import BASE_TYPES, RENDERERS, CStyleRenderer, uses_dtype
+from anygpu.codegen.render.cstyle import BASE_TYPES, RENDERERS, CStyleRenderer, _walk, uses_dtype
 from anygpu.dtype import bfloat16, float16
 
 BF16_HELPERS = """\
@@ -16,12 +16,19 @@ static inline unsigned short f32_to_bf16(float f) {
 static inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }"""
 
 
+# the threads' partial maxima merge keeping NaN, as PyTorch's max does
+NANMAX = ("#pragma omp declare reduction(nanmax : float : omp_out = "
+          "(omp_in > omp_out || omp_in != omp_in) ? omp_in : omp_out) "
+          "initializer(omp_priv = -INFINITY)")
+
+
 class CRenderer(CStyleRenderer):
     dialect = "c"
     restrict = "restrict"
     types = {**BASE_TYPES, float16: "_Float16", bfloat16: "unsigned short"}
     math_fns = {"exp2": "exp2f({0})", "log2": "log2f({0})", "sin": "sinf({0})",
-                "sqrt": "sqrtf({0})", "trunc": "truncf({0})"}
+                "sqrt": "sqrtf({0})", "trunc": "truncf({0})",
+                "fmod": "fmodf({0}, {1})"}
 
     def round_f16(self, x: str) -> str:
         return f"((float)(_Float16)({x}))"
@@ -30,11 +37,25 @@ class CRenderer(CStyleRenderer):
         clause = ""
         if st.reduction is not None:
             op, acc = st.reduction
-            clause = f" reduction({ {'add': '+', 'mul': '*', 'max': 'max'}[op]}:{acc})"
+            name = {'add': '+', 'mul': '*', 'max': 'max'}[op]
+            if op == "max" and self.float_accumulator(acc):
+                name, self.needs_nanmax = "nanmax", True  # OpenMP's max drops NaN
+            clause = f" reduction({name}:{acc})"
         self.emit(f"#pragma omp parallel for schedule(static){clause}")
+
+    def float_accumulator(self, name: str) -> bool:
+        assert self.kernel is not None
+        return any(isinstance(st, ir.Decl) and st.name == name and st.dtype.is_float
+                   for st in _walk(self.kernel.body))
+
+    def render(self, kernel: ir.Kernel) -> str:
+        self.needs_nanmax = False
+        return super().render(kernel)
 
     def prelude(self, kernel: ir.Kernel) -> list[str]:
         lines = ["#include <math.h>", "#include <string.h>"]
+        if self.needs_nanmax:
+            lines.append(NANMAX)
         if uses_dtype(kernel, bfloat16):
             lines.append(BF16_HELPERS)
         return lines

@@ -11,8 +11,8 @@ import math
 from typing import Callable
 
 from anygpu.codegen import ir
-from anygpu.dtype import (DType, bfloat16, bool_, float16, float32, int8, int32, int64, uint8,
-                          uint32)
+from anygpu.dtype import (DType, bfloat16, bool_, float16, float32, int8, int32, int64, min_value,
+                          uint8, uint32)
 
 BINARY_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "/", "mod": "%",
                 "lt": "<", "eq": "==", "ne": "!=", "shl": "<<", "shr": ">>"}
@@ -124,7 +124,9 @@ class CStyleRenderer:
 
     def leaf(self, e: ir.Expr) -> str:
         if e.op == "const":
-            return self.literal(e.arg, e.dtype)
+            text = self.literal(e.arg, e.dtype)
+            # a negative literal in parentheses: "-" before it must not make "--4" (a decrement)
+            return f"({text})" if text.startswith("-") else text
         if e.op == "special":
             return self.specials[e.arg]
         return str(e.arg)
@@ -143,14 +145,11 @@ class CStyleRenderer:
         if op == "where":
             c, a, b = (self.expr(s) for s in e.srcs)
             return self.select(c, a, b)
-        if op in ("idiv", "mod") and e.srcs[1].op != "const":
-            # lanes masked out by a pad or a guard load zeros and still divide (shared values
-            # are computed before the select that discards them): a zero divisor traps on CPUs
-            a, b = self.expr(e.srcs[0]), self.expr(e.srcs[1], True)
-            zero, one = self.literal(0, e.srcs[1].dtype), self.literal(1, e.srcs[1].dtype)
-            b = self.select(f"({b} != {zero})", b, one)
-            return self.wrap(f"({a} {BINARY_INFIX[op]} {b})", e.dtype)
+        if op in ("idiv", "mod") and not e.dtype.is_float:
+            return self.int_division(e)
         args = [self.expr(s) for s in e.srcs]
+        if op == "mod":  # a float remainder: exact, with the dividend's sign (C's fmod)
+            return self.math_fns["fmod"].format(*args)
         if op in self.math_fns:
             return self.math_fns[op].format(*args)
         if op == "neg":
@@ -165,6 +164,29 @@ class CStyleRenderer:
         if op in INT_LOGIC:
             return self.wrap(f"({args[0]} {INT_LOGIC[op]} {args[1]})", e.dtype)
         return self.wrap(f"({args[0]} {BINARY_INFIX[op]} {args[1]})", e.dtype)
+
+    def int_division(self, e: ir.Expr) -> str:
+        """Integer division and remainder that never trap: C truncates, a zero divisor gives 0
+        (quotient and remainder), and MIN / -1 wraps to MIN with remainder 0. Lanes masked out by
+        a pad or a guard load zeros and still divide, so zero is checked even there."""
+        a, divisor, dtype = e.srcs[0], e.srcs[1], e.dtype
+        if divisor.op == "const" and divisor.arg not in (0, -1):
+            # the dividend is named for a remainder: a dialect may spell it a - (a / b) * b
+            text = self.int_op(e.op, self.expr(a, e.op == "mod"), self.expr(divisor))
+            return self.wrap(text, dtype)
+        a_text, b = self.expr(a, True), self.expr(divisor, True)
+        zero = self.literal(0, dtype)
+        is_zero = f"({b} == {zero})"
+        bad = is_zero
+        if dtype in (int32, int64):  # the one quotient that overflows the type
+            low, minus_one = self.literal(min_value(dtype), dtype), self.literal(-1, dtype)
+            bad = f"({is_zero} || ({a_text} == {low} && {b} == {minus_one}))"
+        safe = self.select(bad, self.literal(1, dtype), b)
+        result = self.wrap(self.int_op(e.op, a_text, safe), dtype)
+        return self.select(is_zero, zero, result)
+
+    def int_op(self, op: str, a: str, b: str) -> str:
+        return f"({a} {BINARY_INFIX[op]} {b})"
 
     def wrap(self, text: str, dtype: DType) -> str:
         """8-bit results wrap around as in PyTorch (C computes them in int)."""

@@ -15,7 +15,8 @@ class CUDARenderer(CStyleRenderer):
     local_qualifier = "__shared__"
     types = {**BASE_TYPES, float16: "__half", bfloat16: "__nv_bfloat16"}
     math_fns = {"exp2": "exp2f({0})", "log2": "log2f({0})", "sin": "sinf({0})",
-                "sqrt": "sqrtf({0})", "trunc": "truncf({0})"}
+                "sqrt": "sqrtf({0})", "trunc": "truncf({0})",
+                "fmod": "fmodf({0}, {1})"}
     specials = {"lid": "((int)threadIdx.x)", "gid": "((int)blockIdx.x)"}
     fp16_header = "#include <cuda_fp16.h>"
     bf16_header = "#include <cuda_bf16.h>"

@@ -31,7 +31,8 @@ class OpenCLRenderer(CStyleRenderer):
     types = {bool_: "uchar", uint8: "uchar", int8: "char", int32: "int", uint32: "uint",
              int64: "long", float32: "float", float16: "half", bfloat16: "ushort"}
     math_fns = {"exp2": "exp2({0})", "log2": "log2({0})", "sin": "sin({0})",
-                "sqrt": "sqrt({0})", "trunc": "trunc({0})"}
+                "sqrt": "sqrt({0})", "trunc": "trunc({0})",
+                "fmod": "fmod({0}, {1})"}
     specials = {"lid": "((int)get_local_id(0))", "gid": "((int)get_group_id(0))"}
 
     def literal(self, value: object, dtype: DType) -> str:

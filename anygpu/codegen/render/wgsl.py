@@ -17,6 +17,26 @@ from anygpu.dtype import DType, bfloat16, bool_, float16, float32, int8, int32, 
 MAX_GROUPS_X = 65535
 
 
+# C's fmod, exact: subtract y scaled by powers of two while the remainder is at least y. Each
+# subtraction is exact (y * 2^k <= r < y * 2^(k+1), so Sterbenz's lemma holds). NaN and infinity
+# are tested on the bits, since compilers may fold x != x away.
+FMOD_HELPER = """\
+fn fmod_exact(x: f32, y: f32) -> f32 {
+  let xb = bitcast<u32>(x) & 0x7fffffffu;
+  let yb = bitcast<u32>(y) & 0x7fffffffu;
+  if (xb >= 0x7f800000u || yb == 0u || yb > 0x7f800000u) { return bitcast<f32>(0x7fc00000u); }
+  let ay = abs(y);
+  var r = abs(x);
+  for (var i = 0; i < 300 && r >= ay; i = i + 1) {
+    let k = frexp(r).exp - frexp(ay).exp;
+    var d = ldexp(ay, k);
+    if (d > r) { d = ldexp(ay, k - 1); }
+    r = r - d;
+  }
+  return bitcast<f32>(bitcast<u32>(r) | (bitcast<u32>(x) & 0x80000000u));
+}"""
+
+
 class WGSLRenderer(CStyleRenderer):
     dialect = "wgsl"
     barrier = "workgroupBarrier();"
@@ -94,16 +114,22 @@ class WGSLRenderer(CStyleRenderer):
             return self.wrap(f"({a} {'<<' if e.op == 'shl' else '>>'} {amount})", e.dtype)
         if e.op == "neg" and e.dtype.is_unsigned:  # WGSL has no unary minus on u32
             return self.wrap(f"(0u - {self.expr(e.srcs[0])})", e.dtype)
-        if e.op == "mod" and not e.dtype.is_float:
-            # spelled out: with NVIDIA's Vulkan driver, % on negative integers gave results
-            # with the divisor's sign; WGSL (and the other dialects) truncate
-            a, b = self.expr(e.srcs[0], True), self.expr(e.srcs[1], True)
-            return self.wrap(f"({a} - ({a} / {b}) * {b})", e.dtype)
+        if e.op == "mod" and e.dtype.is_float:
+            # WGSL's float % is e1 - e2 * trunc(e1 / e2), which is not exact
+            self.needs_fmod = True
+            return f"fmod_exact({self.expr(e.srcs[0])}, {self.expr(e.srcs[1])})"
         if e.op == "recip":
             return f"(1.0f / {self.expr(e.srcs[0])})"
         if e.op == "not":
             return f"(!{self.expr(e.srcs[0])})"
         return super().render_op(e)
+
+    def int_op(self, op: str, a: str, b: str) -> str:
+        if op == "mod":
+            # spelled out: with NVIDIA's Vulkan driver, % on negative integers gave results
+            # with the divisor's sign; WGSL (and the other dialects) truncate
+            return f"({a} - ({a} / {b}) * {b})"
+        return super().int_op(op, a, b)
 
     def render_cast(self, x: str, src: DType, dst: DType) -> str:
         if dst == bool_:
@@ -133,10 +159,13 @@ class WGSLRenderer(CStyleRenderer):
     def render(self, kernel: ir.Kernel) -> str:
         if uses_dtype(kernel, bfloat16):
             raise TypeError("bfloat16 is not supported by WGSL")
+        self.needs_fmod = False
         body = super().render(kernel).splitlines()[1:-1]  # drop the C signature and closing brace
         head: list[str] = []
         if uses_dtype(kernel, float16):
             head.append("enable f16;")
+        if self.needs_fmod:
+            head.append(FMOD_HELPER)
         for i, p in enumerate(kernel.params):
             access = "read_write" if p.written else "read"
             head.append(f"@group(0) @binding({i}) var<storage, {access}> {p.name}: "
