@@ -26,7 +26,8 @@ bool = bool_
 
 __all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like",
            "arange", "linspace", "eye", "rand", "randn", "randint", "manual_seed", "where", "cat",
-           "stack", "realize", "no_grad", "enable_grad", "jit", "DType", "float32", "float16", "bfloat16", "int8", "uint8",
+           "stack", "realize", "no_grad", "enable_grad", "jit", "DType", "float32", "float16",
+           "bfloat16", "int8", "uint8",
            "int32", "int64", "bool_", "float", "half", "long", "int", "bool", "get_device",
            "DeviceError", "OutOfMemoryError", "UnsupportedError", "BackendUnavailable",
            "nn", "optim", "__version__"]

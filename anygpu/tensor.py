@@ -89,7 +89,7 @@ class Tensor:
         if requires_grad:
             self.requires_grad_(True)
 
-    # ---- properties --------------------------------------------------------------------------------
+    # ---- properties ------------------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
         return self.lazy.shape
@@ -123,7 +123,7 @@ class Tensor:
     def is_floating_point(self) -> bool:
         return self.dtype.is_float
 
-    # ---- realizing and reading ----------------------------------------------------------------
+    # ---- realizing and reading -------------------------------------------------------------------
     def realize(self) -> "Tensor":
         """Run the kernels that compute this tensor (queued; returns without waiting)."""
         sched.realize(self.lazy)
@@ -190,7 +190,7 @@ class Tensor:
     def clone(self) -> "Tensor":
         return self.contiguous()
 
-    # ---- the one place graph nodes are made ----------------------------------------------------
+    # ---- the one place graph nodes are made ------------------------------------------------------
     @staticmethod
     def _make(lazy: Lazy, parents: tuple["Tensor", ...], op: Any, arg: Any = None) -> "Tensor":
         out = Tensor(lazy)
@@ -219,7 +219,7 @@ class Tensor:
     def _reduce(self, op: Op, axes: Sequence[int]) -> "Tensor":
         return Tensor._make(self.lazy.reduce(op, axes), (self,), op, tuple(sorted(set(axes))))
 
-    # ---- dtype -------------------------------------------------------------------------------------
+    # ---- dtype -----------------------------------------------------------------------------------
     def cast(self, dtype: Any) -> "Tensor":
         d = dt.to_dtype(dtype)
         if d == self.dtype:
@@ -230,25 +230,7 @@ class Tensor:
     def type(self, dtype: Any) -> "Tensor":
         return self.cast(dtype)
 
-    def float(self) -> "Tensor":
-        return self.cast(dt.float32)
-
-    def half(self) -> "Tensor":
-        return self.cast(dt.float16)
-
-    def bfloat16(self) -> "Tensor":
-        return self.cast(dt.bfloat16)
-
-    def int(self) -> "Tensor":
-        return self.cast(dt.int32)
-
-    def long(self) -> "Tensor":
-        return self.cast(dt.int64)
-
-    def bool(self) -> "Tensor":
-        return self.cast(dt.bool_)
-
-    # ---- broadcasting ------------------------------------------------------------------------------
+    # ---- broadcasting ----------------------------------------------------------------------------
     def _const_like(self, value: Scalar, dtype: DType | None = None,
                     shape: tuple[int, ...] | None = None) -> "Tensor":
         return Tensor(Lazy.const(value, self.shape if shape is None else shape,
@@ -271,7 +253,7 @@ class Tensor:
         a, b = _broadcast(a, b)
         return (b, a) if reverse else (a, b)
 
-    # ---- arithmetic --------------------------------------------------------------------------------
+    # ---- arithmetic ------------------------------------------------------------------------------
     def add(self, other: TensorLike, alpha: Scalar = 1) -> "Tensor":
         if alpha != 1:
             other = _as_tensor(other, self) * alpha
@@ -426,7 +408,7 @@ class Tensor:
     def __rmatmul__(self, o: "Tensor") -> "Tensor":
         return _as_tensor(o, self).matmul(self)
 
-    # ---- comparisons and logic -----------------------------------------------------------------
+    # ---- comparisons and logic -------------------------------------------------------------------
     def lt(self, o: TensorLike) -> "Tensor":
         a, b = self._operands(o)
         return a._alu(Op.CMPLT, b)
@@ -550,7 +532,7 @@ class Tensor:
         return self.abs().eq(float("inf")) if self.dtype.is_float else self._const_like(False,
                                                                                       dt.bool_)
 
-    # ---- unary math ---------------------------------------------------------------------------
+    # ---- unary math ------------------------------------------------------------------------------
     def _float(self) -> "Tensor":
         return self if self.dtype.is_float else self.float()
 
@@ -693,7 +675,7 @@ class Tensor:
         x = self._float() * beta
         return (x.maximum(0) + (-x.abs()).exp().log1p()) / beta
 
-    # ---- reductions ----------------------------------------------------------------------------------
+    # ---- reductions ------------------------------------------------------------------------------
     def _axes(self, axis: ShapeLike | None) -> tuple[int, ...]:
         if axis is None:
             return tuple(range(self.ndim))
@@ -879,7 +861,7 @@ class Tensor:
         out = mask._select(x.unsqueeze(-2), 0).sum(-1)  # a select: inf * 0 would be NaN
         return out.transpose(axis, -1)
 
-    # ---- movement -----------------------------------------------------------------------------------
+    # ---- movement --------------------------------------------------------------------------------
     def reshape(self, *shape: Any) -> "Tensor":
         new = list(_shape_arg(shape))
         if new.count(-1) > 1:
@@ -1002,7 +984,7 @@ class Tensor:
     def cat(self, *others: "Tensor", dim: int = 0) -> "Tensor":
         return cat([self, *others], dim)
 
-    # ---- indexing -----------------------------------------------------------------------------------
+    # ---- indexing --------------------------------------------------------------------------------
     def __getitem__(self, index: Any) -> "Tensor":
         from anygpu.ops.indexing import getitem
         return getitem(self, index)
@@ -1023,7 +1005,7 @@ class Tensor:
     def masked_fill(self, mask: TensorLike, value: Scalar) -> "Tensor":
         return where(mask, self._const_like(value), self)
 
-    # ---- linear algebra -----------------------------------------------------------------------------
+    # ---- linear algebra --------------------------------------------------------------------------
     def matmul(self, other: "Tensor") -> "Tensor":
         from anygpu.ops.linalg import matmul
         return matmul(self, other)
@@ -1031,7 +1013,7 @@ class Tensor:
     def dot(self, other: "Tensor") -> "Tensor":
         return self.matmul(other)
 
-    # ---- autograd (see ops/grad.py) ---------------------------------------------------------------
+    # ---- autograd (see ops/grad.py) --------------------------------------------------------------
     def backward(self, gradient: "Tensor | None" = None, retain_graph: bool = False) -> None:
         """Accumulate gradients of this tensor into ``.grad`` of the leaves that need them."""
         from anygpu.ops.grad import backward
@@ -1058,6 +1040,25 @@ class Tensor:
         self.realize()
         sched.realize_into(v.lazy, self.lazy)
         return self
+
+    # last in the class: methods named after builtins would shadow them in the annotations above
+    def float(self) -> "Tensor":
+        return self.cast(dt.float32)
+
+    def half(self) -> "Tensor":
+        return self.cast(dt.float16)
+
+    def bfloat16(self) -> "Tensor":
+        return self.cast(dt.bfloat16)
+
+    def int(self) -> "Tensor":
+        return self.cast(dt.int32)
+
+    def long(self) -> "Tensor":
+        return self.cast(dt.int64)
+
+    def bool(self) -> "Tensor":
+        return self.cast(dt.bool_)
 
 
 def parse_to(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, DType | None]:
@@ -1115,12 +1116,12 @@ def _int_pow(a: Tensor, b: Tensor, exponent: int | None) -> Tensor:
             if e:
                 base = base * base
         return out
-    out, base, e = a * 0 + 1, a, b
+    out, base, bits_left = a * 0 + 1, a, b
     bits = 8 * a.dtype.itemsize
     for k in range(bits - 1):
-        out = (e & 1).ne(0)._select(out * base, out)
+        out = (bits_left & 1).ne(0)._select(out * base, out)
         if k < bits - 2:
-            base, e = base * base, e >> 1
+            base, bits_left = base * base, bits_left >> 1
     odd = (b & 1).ne(0)
     negative = a.eq(1)._select(a, a.eq(-1)._select(odd._select(a, -a), a * 0))
     return b.lt(0)._select(negative, out)

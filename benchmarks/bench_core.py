@@ -14,6 +14,7 @@ the fewest bytes it must move, with the same ops in PyTorch on the same GPU (cud
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import anygpu as ag  # noqa: E402
 from anygpu.graph.schedule import KernelItem, prepare, schedule  # noqa: E402
+from anygpu.runtime.base import Device  # noqa: E402
 from anygpu.runtime.registry import get_device  # noqa: E402
 
 
@@ -62,6 +64,13 @@ def _check(t: ag.Tensor, ref: np.ndarray, rtol: float) -> None:
         raise AssertionError(f"wrong result: relative error {err:.3g}")
 
 
+def _copy_time(dev: Device, host: np.ndarray, reps: int) -> float:
+    """Seconds per device-to-device copy of ``host``; the two buffers are freed on return."""
+    src, dst = dev.alloc(host.nbytes), dev.alloc(host.nbytes)
+    src.copy_in(host)
+    return _median_time(lambda: dev.copy(dst, src), dev.synchronize, reps)
+
+
 def bench_device(name: str, reps: int) -> dict[str, Any]:
     dev = get_device(name)
     cpu = dev.backend == "cpu"
@@ -73,12 +82,9 @@ def bench_device(name: str, reps: int) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     host = rng.standard_normal(n, dtype=np.float32)
 
-    src, dst = dev.alloc(nbytes), dev.alloc(nbytes)
-    src.copy_in(host)
-    copy_s = _median_time(lambda: dev.copy(dst, src), dev.synchronize, reps)
+    copy_s = _copy_time(dev, host, reps)
     copy_bw = 2 * nbytes / copy_s
     result["copy_GBps"] = copy_bw / 1e9
-    del src, dst
 
     x = ag.tensor(host, device=name).realize()
     xm = x.reshape(rows, cols)
@@ -97,7 +103,8 @@ def bench_device(name: str, reps: int) -> dict[str, Any]:
         entry = {"kernel": kernel, "ms": seconds * 1e3, "GBps": moved / seconds / 1e9,
                  "of_copy": moved / seconds / copy_bw}
         if cpu:
-            np_s = _median_time(lambda: np_fn(arr), lambda: None, max(reps // 4, 2), rounds=3)
+            np_s = _median_time(functools.partial(np_fn, arr), lambda: None, max(reps // 4, 2),
+                                rounds=3)
             entry["numpy_ms"] = np_s * 1e3
         if label in peer:
             entry["torch_ms"] = peer[label] * 1e3

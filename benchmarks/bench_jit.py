@@ -66,8 +66,9 @@ def bench(device: str, n: int) -> None:
                 t = tx
                 for _ in range(n):
                     t = t * 0.999 + 0.001
-            line += f"   PyTorch eager {timed(torch_chain, torch.cuda.synchronize) * 1e6 / n:5.2f}" \
-                " us/kernel (2 kernels per step of the chain)"
+            torch_s = timed(torch_chain, torch.cuda.synchronize)
+            line += (f"   PyTorch eager {torch_s * 1e6 / n:5.2f}"
+                     " us/kernel (2 kernels per step of the chain)")
         except ImportError:
             pass
     print(line)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from anygpu.dtype import DType, bool_, int32
 
@@ -26,12 +26,18 @@ ALU_OPS = {"neg", "exp2", "log2", "sin", "sqrt", "recip", "trunc", "not", "add",
 
 class Expr:
     __slots__ = ("op", "dtype", "srcs", "arg", "__weakref__")
+    # set once in __new__; annotations only, so the slots stay the storage
+    op: str
+    dtype: DType
+    srcs: tuple[Expr, ...]
+    arg: Any
     # hash-consing table; weak, so kernels that are done with their expressions free them
-    _table: "weakref.WeakValueDictionary[tuple, Expr]" = weakref.WeakValueDictionary()
+    _table: ClassVar[weakref.WeakValueDictionary[tuple, Expr]] = weakref.WeakValueDictionary()
 
-    def __new__(cls, op: str, dtype: DType, srcs: tuple["Expr", ...] = (), arg: Any = None):
-        key = (op, dtype, tuple(id(s) for s in srcs), arg if not isinstance(arg, float) or arg == arg
-               else "nan")
+    def __new__(cls, op: str, dtype: DType, srcs: tuple[Expr, ...] = (), arg: Any = None) -> Expr:
+        # NaN != NaN, so a NaN constant is keyed by a stand-in to be shared like any other
+        key_arg = arg if not isinstance(arg, float) or arg == arg else "nan"
+        key = (op, dtype, tuple(id(s) for s in srcs), key_arg)
         hit = cls._table.get(key)
         if hit is not None:
             return hit
@@ -52,7 +58,7 @@ class Expr:
     def __mul__(self, other: "Expr | int") -> "Expr":
         return alu("mul", self, other)
 
-    def __lt__(self, other: "Expr | int") -> "Expr":  # type: ignore[override]
+    def __lt__(self, other: "Expr | int") -> "Expr":
         return alu("lt", self, other)
 
 

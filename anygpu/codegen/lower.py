@@ -261,12 +261,12 @@ class _Builder:
                                     for a, (i, n) in enumerate(zip(idx, node.shape))], conds)
         assert op is Op.PAD
         new: list[Cond] = []
-        for i, (lo, _), n in zip(idx, arg, src.shape):
-            ilo, ihi = i.bounds
+        for lin, (lo, _), n in zip(idx, arg, src.shape):
+            ilo, ihi = lin.bounds
             if ihi < lo or ilo >= lo + n:
                 return ir.const(0, node.dtype)  # entirely in the padding
             if ilo < lo or ihi >= lo + n:
-                new.append((i, lo, lo + n))
+                new.append((lin, lo, lo + n))
         src_idx = [i - lo for i, (lo, _) in zip(idx, arg)]
         if not new:
             return self.value(src, src_idx, conds)
@@ -275,7 +275,7 @@ class _Builder:
         assert cond is not None
         return ir.alu("where", cond, inner, ir.const(0, node.dtype))
 
-    # ---- the whole kernel -------------------------------------------------------------------------
+    # ---- the whole kernel ------------------------------------------------------------------------
     def build(self) -> KernelAST:
         spec, root = self.spec, self.spec.root
         if spec.reduced_output:
@@ -382,7 +382,7 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256) -> ir.Kernel:
         groups = max(-(-outer_total // (local * per_thread)), 1)
         base = ir.alu("add", ir.alu("mul", ir.special("gid"), ir.const(local * per_thread, dt)),
                       ir.special("lid"))
-        body: list[ir.Stmt] = []
+        body = []
         for e in range(per_thread):
             flat = ir.alu("add", base, ir.const(e * local, dt))
             inner = _decompose(flat, ast.dims) + [store]

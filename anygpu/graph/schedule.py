@@ -13,7 +13,7 @@ import sys
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Sequence, cast
 
 import numpy as np
 
@@ -74,7 +74,7 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
         ast = lower.build_kernel(lower.choose_spec(node))
         position = {id(n): i for i, n in enumerate(walk)}
         # the template keeps no graph nodes alive: they are filled in from each new walk
-        template = dataclasses.replace(ast, output=None, inputs=[], lins=[])  # type: ignore
+        template = _template(ast)
         _ast_cache[signature] = (template, [position[id(n)] for n in ast.inputs])
         if len(_ast_cache) > 4096:
             _ast_cache.pop(next(iter(_ast_cache)))
@@ -91,6 +91,13 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
 # training loop, every call of the same expression) reuse it: the key is the graph down to the
 # nodes lowering stops at, with buffers replaced by their shapes and dtypes.
 _ast_cache: dict[tuple, tuple[lower.KernelAST, list[int]]] = {}
+
+
+def _template(ast: lower.KernelAST) -> lower.KernelAST:
+    """``ast`` without its graph nodes, to cache: users fill ``output`` and ``inputs`` back in
+    with ``dataclasses.replace`` before the template is used."""
+    # output=None breaks the field's type on purpose, only for as long as the template is cached
+    return dataclasses.replace(ast, output=None, inputs=[], lins=[])  # type: ignore[arg-type]
 
 
 def _signature(root: Lazy) -> tuple[tuple, list[Lazy]]:
@@ -158,7 +165,7 @@ def read_buffer(node: Lazy) -> np.ndarray:
         return read_buffer(temp)
     device = get_device(node.device)
     store = device.storage_dtype(node.dtype)
-    raw = np.empty(max(node.numel, 1), dtype=store.np)
+    raw: np.ndarray = np.empty(max(node.numel, 1), dtype=store.np)
     node.buffer.copy_out(raw)
     return from_storage(raw[:node.numel], node.dtype).reshape(node.shape)
 
@@ -231,7 +238,7 @@ class TransferCopy:
     def __call__(self, wait: bool = False) -> None:
         dst, src = self.buffers
         store = self.src_device.storage_dtype(self.dtype)
-        raw = np.empty(max(self.numel, 1), dtype=store.np)
+        raw: np.ndarray = np.empty(max(self.numel, 1), dtype=store.np)
         src.copy_out(raw)
         host = from_storage(raw[:self.numel], self.dtype)
         dst.copy_in(to_storage(host, self.dtype, self.dst_device).reshape(-1))
@@ -265,7 +272,8 @@ def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
     program, kernel = hit
     if out is None:
         out = alloc_for(device, node.numel, node.dtype)
-    buffers = [out] + [inp.buffer for inp in ast.inputs]  # type: ignore[list-item]
+    # inputs are scheduled, so realized, before the kernels that read them
+    buffers = [out] + [cast(Buffer, inp.buffer) for inp in ast.inputs]
     groups: tuple[int, ...] = (kernel.groups,)
     if device.dialect == "wgsl":
         groups = launch_groups(kernel.groups)
@@ -375,8 +383,7 @@ def realize_into(value: Lazy, target: Lazy) -> None:
                 key = (last.signature, "in place", k)
                 template = _in_place.get(key)
                 if template is None:  # cached without graph nodes, like _ast_cache
-                    template = dataclasses.replace(lower.write_in_place(ast, k), output=None,
-                                                   inputs=[])
+                    template = _template(lower.write_in_place(ast, k))
                     _in_place[key] = template
                 ast = dataclasses.replace(template, output=value,
                                           inputs=last.ast.inputs[:k] + last.ast.inputs[k + 1:])

@@ -22,9 +22,9 @@ from anygpu.nn.module import Module, Parameter
 from anygpu.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RMSNorm
 from anygpu.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 
-__all__ = ["functional", "init", "state", "utils", "Module", "Parameter", "Sequential", "ModuleList",
-           "ModuleDict", "Identity", "Linear", "Conv2d", "ConvTranspose2d", "Embedding",
-           "Dropout", "Flatten", "Unflatten", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh",
-           "LeakyReLU", "Softmax", "LogSoftmax", "BatchNorm1d", "BatchNorm2d", "LayerNorm",
+__all__ = ["functional", "init", "state", "utils", "Module", "Parameter", "Sequential",
+           "ModuleList", "ModuleDict", "Identity", "Linear", "Conv2d", "ConvTranspose2d",
+           "Embedding", "Dropout", "Flatten", "Unflatten", "ReLU", "GELU", "SiLU", "Sigmoid",
+           "Tanh", "LeakyReLU", "Softmax", "LogSoftmax", "BatchNorm1d", "BatchNorm2d", "LayerNorm",
            "RMSNorm", "GroupNorm", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
            "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "BCEWithLogitsLoss"]

@@ -25,7 +25,7 @@ def _pair(v: IntPair, name: str) -> tuple[int, int]:
     t = tuple(int(x) for x in v)
     if len(t) != 2:
         raise ValueError(f"{name} must be an int or a pair, got {v!r}")
-    return t  # type: ignore[return-value]
+    return t
 
 
 def _pool1d(x: Tensor, k: int, s: int, d: int) -> Tensor:

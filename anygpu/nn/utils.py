@@ -33,15 +33,14 @@ def clip_grad_norm_(parameters: Iterable[Tensor] | Tensor, max_norm: float,
         raise NotImplementedError("error_if_nonfinite would wait for the device; check the "
                                   "returned norm instead")
     with no_grad():
-        grads = [p.grad for p in params]  # type: ignore[misc]
+        grads = [p.grad for p in params if p.grad is not None]  # all of them: see _with_grads
         if norm_type == float("inf"):
-            total = stack([g.abs().amax() for g in grads]).amax()  # type: ignore[union-attr]
+            total = stack([g.abs().amax() for g in grads]).amax()
         else:
-            total = stack([(g.abs() ** norm_type).sum() for g in grads]  # type: ignore[union-attr]
-                          ).sum() ** (1.0 / norm_type)
+            total = stack([(g.abs() ** norm_type).sum() for g in grads]).sum() ** (1.0 / norm_type)
         scale = (max_norm / (total + 1e-6)).clip(max=1.0)
-        for p in params:
-            p.grad = (p.grad * scale).realize()  # type: ignore[operator]
+        for p, g in zip(params, grads):
+            p.grad = (g * scale).realize()
     return total
 
 

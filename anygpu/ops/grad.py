@@ -205,7 +205,7 @@ RULES: dict[Any, Rule] = {
     "gather": _gather_grad,
     # composites with rules of their own (Tensor._custom)
     "pow": _pow_grad,
-    "abs": lambda out, ps, arg, g: (g * ps[0].sign(),),
+    "abs": lambda out, ps, arg, g: (g * (ps[0].gt(0).cast(g.dtype) - ps[0].lt(0).cast(g.dtype)),),
     "log1p": lambda out, ps, arg, g: (g / (ps[0] + 1),),
     "expm1": lambda out, ps, arg, g: (g * (out + 1),),
     "sigmoid": lambda out, ps, arg, g: (g * out * (1 - out),),

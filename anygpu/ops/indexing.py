@@ -76,7 +76,6 @@ def getitem(x: "Tensor", index: Any) -> "Tensor":
         else:
             expanded.append(i)
     expanded += [slice(None)] * (x.ndim - sum(1 for i in expanded if i is not None))
-    has_advanced = any(isinstance(i, (Tensor, list, np.ndarray)) for i in expanded)
     out = x
     axis = 0
     squeeze: list[int] = []

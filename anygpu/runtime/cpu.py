@@ -121,8 +121,9 @@ class CPUDevice(Device):
             proc = subprocess.run([config.get().cc, *_compiler_flags(), "-", "-o", out, "-lm"],
                                   input=source.encode(), capture_output=True)
             if proc.returncode != 0:
+                errors = proc.stderr.decode(errors="replace")
                 raise DeviceError(f"cpu: compiling kernel {name} failed:\n"
-                                  f"{proc.stderr.decode(errors='replace')}\n--- source ---\n{source}")
+                                  f"{errors}\n--- source ---\n{source}")
             with open(out, "rb") as f:
                 return f.read()
 

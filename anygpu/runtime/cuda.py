@@ -51,6 +51,8 @@ def _error_name(err: Any) -> str:
 class GPUProgram(Program):
     """A kernel of a loaded module; its parameters are the buffers' device addresses, in order."""
 
+    device: GPUDevice
+
     def __init__(self, device: GPUDevice, name: str, module: Any, function: Any):
         super().__init__(device, name)
         self.module, self.function = module, function
@@ -83,7 +85,7 @@ class GPUProgram(Program):
 
     def __call__(self, buffers: Sequence[Buffer], groups: Sequence[int] = (1,),
                  local: Sequence[int] = (1,), wait: bool = False) -> float | None:
-        dev: GPUDevice = self.device  # type: ignore[assignment]
+        dev = self.device
         dev._activate()
         gx, gy, gz = (*groups, 1, 1)[:3]
         lx, ly, lz = (*local, 1, 1)[:3]

@@ -84,7 +84,7 @@ class OpenCLProgram(Program):
         local = tuple(local) + (1,) * (dims - len(local))
         if 0 in groups:
             return 0.0 if wait else None
-        global_size = tuple(g * l for g, l in zip(groups, local))
+        global_size = tuple(n_groups * n_local for n_groups, n_local in zip(groups, local))
         device: OpenCLDevice = self.device  # type: ignore[assignment]
         what = (f"launching kernel {self.name} with groups={groups} local={local} "
                 f"on {len(buffers)} buffers")

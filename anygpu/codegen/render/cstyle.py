@@ -22,7 +22,8 @@ INT_LOGIC = {"and": "&", "or": "|", "xor": "^"}
 
 class _Scope:
     def __init__(self, parent: "_Scope | None"):
-        self.parent, self.names = parent, {}  # type: dict[int, str]
+        self.parent = parent
+        self.names: dict[int, str] = {}
 
     def lookup(self, e: ir.Expr) -> str | None:
         scope: _Scope | None = self
@@ -57,7 +58,7 @@ class CStyleRenderer:
         self.params: dict[str, ir.Param] = {}
         self.kernel: ir.Kernel | None = None
 
-    # ---- types and literals -----------------------------------------------------------------------
+    # ---- types and literals ----------------------------------------------------------------------
     def compute_type(self, dtype: DType) -> str:
         return self.types[float32 if dtype in (float16, bfloat16) else dtype]
 
@@ -81,7 +82,7 @@ class CStyleRenderer:
             return f"{iv}u"
         return str(iv) if iv != -(2**31) else "(-2147483647-1)"
 
-    # ---- expressions -------------------------------------------------------------------------------
+    # ---- expressions -----------------------------------------------------------------------------
     def count_refs(self, stmts: list[ir.Stmt]) -> None:
         seen: set[int] = set()
 
