@@ -582,7 +582,10 @@ class Tensor:
         return self._float()._alu(Op.SIN)
 
     def cos(self) -> "Tensor":
-        return (math.pi / 2 - self._float()).sin()
+        """1 - 2 sin(x/2)^2: halving is exact, so huge arguments keep their accuracy (sin(pi/2 -
+        x) would round x first)."""
+        s = (self._float() * 0.5).sin()
+        return 1 - 2 * s * s
 
     def tan(self) -> "Tensor":
         return self.sin() / self.cos()
@@ -718,6 +721,7 @@ class Tensor:
         axis = dim if dim is not None else axis
         if isinstance(axis, Tensor):
             return self.maximum(axis)
+        self._check_not_empty(axis, "max")
         if axis is None:
             return self._max(None, False)
         return MinMax(self._max_first(axis, keepdim), self.argmax(axis, keepdim))
@@ -726,6 +730,7 @@ class Tensor:
         axis = dim if dim is not None else axis
         if isinstance(axis, Tensor):
             return self.minimum(axis)
+        self._check_not_empty(axis, "min")
         if axis is None:
             return self._neg_for_min()._max(None, False)._neg_for_min()
         values = self._neg_for_min()._max_first(axis, keepdim)._neg_for_min()
@@ -743,11 +748,24 @@ class Tensor:
         out = self._custom("max_first", (), ax, lambda: self._max(ax, keepdim=True))
         return self._finish(out, (ax,), keepdim)
 
-    def amax(self, axis: ShapeLike | None = None, keepdim: bool = False) -> "Tensor":
+    def amax(self, axis: ShapeLike | None = None, keepdim: bool = False,
+             dim: ShapeLike | None = None) -> "Tensor":
+        axis = dim if dim is not None else axis
+        self._check_not_empty(axis, "amax")
         return self._max(axis, keepdim)
 
-    def amin(self, axis: ShapeLike | None = None, keepdim: bool = False) -> "Tensor":
+    def amin(self, axis: ShapeLike | None = None, keepdim: bool = False,
+             dim: ShapeLike | None = None) -> "Tensor":
+        axis = dim if dim is not None else axis
+        self._check_not_empty(axis, "amin")
         return self._neg_for_min()._max(axis, keepdim)._neg_for_min()
+
+    def _check_not_empty(self, axis: Any, name: str) -> None:
+        """A maximum or minimum of nothing is an error, as in PyTorch."""
+        axes = self._axes(axis) if not isinstance(axis, Tensor) else ()
+        if any(self.shape[a] == 0 for a in axes) or (axis is None and self.numel() == 0):
+            raise IndexError(f"{name}: reduction over an empty dimension of a tensor of shape "
+                             f"{self.shape}")
 
     def _neg_for_min(self) -> "Tensor":
         if self.dtype == dt.bool_:
@@ -843,10 +861,14 @@ class Tensor:
         shifted = x - x._max(axis, keepdim=True)
         return shifted - shifted.exp().sum(axis, keepdim=True).log()
 
-    def all(self, axis: ShapeLike | None = None, keepdim: bool = False) -> "Tensor":
+    def all(self, axis: ShapeLike | None = None, keepdim: bool = False,
+            dim: ShapeLike | None = None) -> "Tensor":
+        axis = dim if dim is not None else axis
         return self.bool().logical_not()._max(axis, keepdim).logical_not()
 
-    def any(self, axis: ShapeLike | None = None, keepdim: bool = False) -> "Tensor":
+    def any(self, axis: ShapeLike | None = None, keepdim: bool = False,
+            dim: ShapeLike | None = None) -> "Tensor":
+        axis = dim if dim is not None else axis
         return self.bool()._max(axis, keepdim)
 
     def cumsum(self, axis: int = 0, dim: int | None = None) -> "Tensor":
@@ -964,7 +986,7 @@ class Tensor:
         if isinstance(split_size, int):
             if split_size <= 0:
                 raise ValueError("split_size must be positive")
-            sizes = [min(split_size, n - i) for i in range(0, n, split_size)]
+            sizes = [min(split_size, n - i) for i in range(0, n, split_size)] or [0]
         else:
             sizes = list(split_size)
             if sum(sizes) != n:

@@ -10,7 +10,7 @@ import math
 import weakref
 from typing import Any, Sequence
 
-from anygpu.dtype import DType
+from anygpu.dtype import DType, min_value
 from anygpu.ops.primitives import ELEMENTWISE, MOVEMENT, REDUCE, Op, result_dtype
 from anygpu.runtime.base import Buffer
 
@@ -102,10 +102,9 @@ class Lazy:
         if not axes:
             return self
         shape = tuple(1 if i in axes else n for i, n in enumerate(self.shape))
-        if any(self.shape[a] == 0 for a in axes):
-            if op is Op.RMAX:  # as PyTorch: a maximum of nothing is an error
-                raise IndexError(f"max/min over an empty dimension of shape {self.shape}")
-            return Lazy.const(0 if op is Op.SUM else 1, shape, self.dtype, self.device)
+        if any(self.shape[a] == 0 for a in axes):  # the identity (max and min check first)
+            identity = {Op.SUM: 0, Op.PROD: 1, Op.RMAX: min_value(self.dtype)}[op]
+            return Lazy.const(identity, shape, self.dtype, self.device)
         return Lazy(op, (self,), axes, shape, self.dtype, self.device)
 
     def movement(self, op: Op, arg: Any) -> "Lazy":

@@ -148,6 +148,8 @@ class CStyleRenderer:
             return self.select(c, a, b)
         if op in ("idiv", "mod") and not e.dtype.is_float:
             return self.int_division(e)
+        if op in ("shl", "shr"):
+            return self.shift(e)
         args = [self.expr(s) for s in e.srcs]
         if op == "mod":  # a float remainder: exact, with the dividend's sign (C's fmod)
             return self.math_fns["fmod"].format(*args)
@@ -185,6 +187,26 @@ class CStyleRenderer:
         safe = self.select(bad, self.literal(1, dtype), b)
         result = self.wrap(self.int_op(e.op, a_text, safe), dtype)
         return self.select(is_zero, zero, result)
+
+    def shift(self, e: ir.Expr) -> str:
+        """Shifts by an amount outside [0, bits) give what PyTorch gives (0, or -1 for a
+        negative value shifted right) instead of C's undefined behaviour."""
+        a, amount, dtype = e.srcs[0], e.srcs[1], e.dtype
+        bits = 8 * dtype.itemsize
+        if amount.op == "const" and 0 <= amount.arg < bits:
+            return self.wrap(self.shift_op(e.op, self.expr(a), self.expr(amount), amount), dtype)
+        a_text, b = self.expr(a, True), self.expr(amount, True)
+        zero = self.literal(0, dtype)
+        outside = f"(({b} < {self.literal(0, amount.dtype)}) || " \
+                  f"({b} >= {self.literal(bits, amount.dtype)}))"
+        fill = zero
+        if e.op == "shr" and not dtype.is_unsigned:
+            fill = self.select(f"({a_text} < {zero})", self.literal(-1, dtype), zero)
+        shifted = self.wrap(self.shift_op(e.op, a_text, b, amount), dtype)
+        return self.select(outside, fill, shifted)
+
+    def shift_op(self, op: str, a: str, b: str, amount: ir.Expr) -> str:
+        return f"({a} {BINARY_INFIX[op]} {b})"
 
     def int_op(self, op: str, a: str, b: str) -> str:
         return f"({a} {BINARY_INFIX[op]} {b})"

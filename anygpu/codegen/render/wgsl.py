@@ -107,11 +107,6 @@ class WGSLRenderer(CStyleRenderer):
         if e.op == "lt" and e.srcs[0].dtype == bool_:  # WGSL orders no bools: false < true
             a, b = self.expr(e.srcs[0]), self.expr(e.srcs[1])
             return f"((!{a}) && {b})"
-        if e.op in ("shl", "shr"):
-            a, b = self.expr(e.srcs[0]), self.expr(e.srcs[1])
-            # a constant amount is written as u32 directly: WGSL cannot convert an i64 literal
-            amount = f"{e.srcs[1].arg}u" if e.srcs[1].op == "const" else f"u32({b})"
-            return self.wrap(f"({a} {'<<' if e.op == 'shl' else '>>'} {amount})", e.dtype)
         if e.op == "neg" and e.dtype.is_unsigned:  # WGSL has no unary minus on u32
             return self.wrap(f"(0u - {self.expr(e.srcs[0])})", e.dtype)
         if e.op == "mod" and e.dtype.is_float:
@@ -123,6 +118,11 @@ class WGSLRenderer(CStyleRenderer):
         if e.op == "not":
             return f"(!{self.expr(e.srcs[0])})"
         return super().render_op(e)
+
+    def shift_op(self, op: str, a: str, b: str, amount: ir.Expr) -> str:
+        # a constant amount is written as u32 directly: WGSL cannot convert an i64 literal
+        count = f"{amount.arg}u" if amount.op == "const" else f"u32({b})"
+        return f"({a} {'<<' if op == 'shl' else '>>'} {count})"
 
     def int_op(self, op: str, a: str, b: str) -> str:
         if op == "mod":
