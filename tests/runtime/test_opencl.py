@@ -200,9 +200,16 @@ def test_total_memory_is_accounted(dev):
 
 
 def test_zero_sized_buffers(dev):
-    buf = dev.alloc(0)
+    buf, other = dev.alloc(0), dev.alloc(0)
+    assert buf.nbytes == 0 and buf.handle.size == 1  # OpenCL has no zero-sized buffers
+    queued = len(dev._staged)
     buf.copy_in(np.empty(0, np.float32))
-    buf.copy_out(np.empty(0, np.float32))
+    assert len(dev._staged) == queued  # nothing to transfer, nothing queued
+    dev.copy(other, buf)
+    host = np.empty(0, np.float32)
+    assert buf.copy_out(host) is host and host.shape == (0,)
+    with pytest.raises(ValueError, match="copy_in of 4 bytes into a buffer of 0"):
+        buf.copy_in(np.zeros(1, np.float32))
     dev.synchronize()
 
 

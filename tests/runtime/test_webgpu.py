@@ -1,21 +1,22 @@
-"""The webgpu backend: memory, transfers, WGSL kernels and their errors."""
+"""The webgpu backend: adapter choice, memory, transfers, WGSL kernels and their errors.
+
+The adapter tests need no GPU; the rest skip where the backend is unavailable.
+"""
 
 from __future__ import annotations
 
+import gc
 import math
+import types
 
 import numpy as np
 import pytest
 
+from anygpu import config
 from anygpu import dtype as dt
 from anygpu.runtime import webgpu
 from anygpu.runtime.base import DeviceError, OutOfMemoryError
 from anygpu.runtime.registry import BackendUnavailable, get_device
-
-try:
-    webgpu.device_count()
-except BackendUnavailable as err:
-    pytest.skip(str(err), allow_module_level=True)
 
 ADD = """
 @group(0) @binding(0) var<storage, read_write> b0: array<f32>;
@@ -47,9 +48,65 @@ fn twice(@builtin(workgroup_id) gid: vec3<u32>, @builtin(local_invocation_id) li
 """
 
 
+LLVMPIPE_GL = {"device": "llvmpipe (LLVM 15.0.6, 256 bits)", "backend_type": "OpenGL",
+               "adapter_type": "CPU"}
+LAVAPIPE = {"device": "llvmpipe (LLVM 15.0.6, 256 bits)", "backend_type": "Vulkan",
+            "adapter_type": "CPU"}
+GPU_GL = {"device": "Some GPU", "backend_type": "OpenGLES", "adapter_type": "DiscreteGPU"}
+GPU_VULKAN = {"device": "Some GPU", "backend_type": "Vulkan", "adapter_type": "DiscreteGPU"}
+
+
+# ---- adapter choice (no GPU needed) ------------------------------------------------------------
+def test_opengl_adapter_is_refused_unless_asked_for() -> None:
+    with pytest.raises(BackendUnavailable) as info:
+        webgpu._choose_adapter([LLVMPIPE_GL], allow_opengl=False)
+    message = str(info.value)
+    assert "llvmpipe (LLVM 15.0.6, 256 bits) (OpenGL)" in message  # names what it found
+    assert "ANYGPU_WEBGPU_OPENGL=1" in message and "mesa-vulkan-drivers" in message
+    assert webgpu._choose_adapter([LLVMPIPE_GL], allow_opengl=True) == 0
+
+
+def test_adapter_preference() -> None:
+    choose = webgpu._choose_adapter
+    # Vulkan before OpenGL even when OpenGL is allowed, and whatever the order found
+    assert choose([LLVMPIPE_GL, LAVAPIPE], allow_opengl=True) == 1
+    assert choose([GPU_GL, LAVAPIPE], allow_opengl=True) == 1
+    assert choose([GPU_GL, LAVAPIPE], allow_opengl=False) == 1
+    # a GPU before the processor; among equals, the first found
+    assert choose([LAVAPIPE, GPU_VULKAN, GPU_GL], allow_opengl=False) == 1
+    assert choose([GPU_VULKAN, dict(GPU_VULKAN)], allow_opengl=False) == 0
+    with pytest.raises(BackendUnavailable, match="no adapter found.*mesa-vulkan-drivers"):
+        choose([], allow_opengl=True)
+
+
+def test_setting_opts_in_to_opengl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_adapter`` reads ANYGPU_WEBGPU_OPENGL and returns the adapter it chose."""
+    found = [types.SimpleNamespace(info=LLVMPIPE_GL)]
+    fake_gpu = types.SimpleNamespace(enumerate_adapters_sync=lambda: found)
+    monkeypatch.setattr(webgpu, "wgpu", types.SimpleNamespace(gpu=fake_gpu))
+    webgpu._adapter.cache_clear()
+    try:
+        monkeypatch.delenv("ANYGPU_WEBGPU_OPENGL", raising=False)
+        config.reload()
+        with pytest.raises(BackendUnavailable, match=r"\(OpenGL\).*ANYGPU_WEBGPU_OPENGL=1"):
+            webgpu.device_count()
+        webgpu._adapter.cache_clear()
+        monkeypatch.setenv("ANYGPU_WEBGPU_OPENGL", "1")
+        config.reload()
+        assert webgpu._adapter() is found[0]
+    finally:
+        monkeypatch.undo()
+        config.reload()
+        webgpu._adapter.cache_clear()
+
+
+# ---- the device ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def dev() -> webgpu.WebGPUDevice:
-    return get_device("webgpu")  # type: ignore[return-value]
+    try:
+        return get_device("webgpu")  # type: ignore[return-value]
+    except BackendUnavailable as err:
+        pytest.skip(str(err))
 
 
 @pytest.fixture
@@ -65,6 +122,12 @@ def upload(dev: webgpu.WebGPUDevice, host: np.ndarray):
 
 def download(buf, like: np.ndarray) -> np.ndarray:
     return buf.copy_out(np.empty_like(like))
+
+
+def add_program(dev: webgpu.WebGPUDevice, n: int) -> webgpu.WebGPUProgram:
+    prog = dev.program(ADD.replace("{n}", str(n)), "add")
+    assert isinstance(prog, webgpu.WebGPUProgram)
+    return prog
 
 
 def test_info(dev: webgpu.WebGPUDevice) -> None:
@@ -150,14 +213,73 @@ def test_repeated_launches_reuse_bind_groups(dev: webgpu.WebGPUDevice,
                                              rng: np.random.Generator) -> None:
     n = 130
     x = rng.uniform(0.5, 2.0, size=n).astype(np.float32)
-    prog = dev.program(ADD.replace("{n}", str(n)), "add")
+    prog = add_program(dev, n)
     acc, step = upload(dev, x), upload(dev, x)
     tmp = dev.alloc(x.nbytes)
+    created = prog.bind_groups_created
     for _ in range(3):
         prog([tmp, acc, step], groups=(3,), local=(64,))
         dev.copy(acc, tmp)
-    dev.synchronize()
+    assert prog.bind_groups_created == created + 1  # one bind group for three launches
     np.testing.assert_allclose(download(acc, x), 4 * x, rtol=1e-6)
+    prog([acc, tmp, step], groups=(3,), local=(64,))  # the same buffers in other roles
+    assert prog.bind_groups_created == created + 2
+    np.testing.assert_allclose(download(acc, x), 5 * x, rtol=1e-6)
+
+
+def test_bind_group_cache_is_bounded(dev: webgpu.WebGPUDevice, rng: np.random.Generator,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Evicted bind groups are released while launches that used them may still be queued."""
+    monkeypatch.setattr(webgpu, "_BIND_GROUP_CACHE", 2)
+    n = 64
+    x = rng.uniform(0.5, 2.0, size=n).astype(np.float32)
+    prog = add_program(dev, n)
+    outs = [dev.alloc(x.nbytes) for _ in range(5)]
+    a, b = upload(dev, x), upload(dev, x)
+    for _ in range(3):
+        for out in outs:
+            prog([out, a, b], groups=(1,), local=(64,))
+        gc.collect()
+    assert len(prog._bind_groups) == 2
+    for out in outs:
+        np.testing.assert_array_equal(download(out, x), 2 * x)
+
+
+def test_buffers_freed_in_reference_cycles_stay_usable(dev: webgpu.WebGPUDevice,
+                                                        rng: np.random.Generator) -> None:
+    """A buffer collected in a reference cycle goes back to the allocator still alive.
+
+    The collector finalizes everything a cycle alone kept alive, in the order of its object
+    list. A collection that finds a buffer alive moves its wgpu handle behind it in that list;
+    when the buffer later dies in a cycle, its finalizer returned the handle to the free list
+    before the handle's own finalizer released it, and the next launch that bound the released
+    handle aborted the process inside wgpu-native."""
+    n = 96
+    x = rng.uniform(0.5, 2.0, size=n).astype(np.float32)
+    prog = dev.program(ADD.replace("{n}", str(n)), "add")
+    holders: list[dict[str, object]] = [{"buffer": dev.alloc(x.nbytes)} for _ in range(8)]
+    gc.collect()  # finds the buffers alive: each handle now comes after its buffer
+    for holder in holders:
+        holder["self"] = holder  # a cycle: only the collector frees it
+    del holders, holder
+    gc.collect()
+    for _ in range(8):
+        out, a, b = (dev.alloc(x.nbytes) for _ in range(3))
+        assert all(buf.handle._internal is not None for buf in (out, a, b))
+        a.copy_in(x)
+        b.copy_in(x)
+        prog([out, a, b], groups=(2,), local=(64,))
+        np.testing.assert_array_equal(download(out, x), 2 * x)
+
+
+def test_released_buffer_raises_instead_of_aborting(dev: webgpu.WebGPUDevice,
+                                                    rng: np.random.Generator) -> None:
+    x = rng.uniform(0.5, 2.0, size=64).astype(np.float32)
+    prog = add_program(dev, 64)
+    gone = types.SimpleNamespace(_internal=None, size=256)
+    bufs = [dev.alloc(x.nbytes), upload(dev, x), upload(dev, x)]
+    with pytest.raises(DeviceError, match="buffer 2 of kernel add was released"):
+        prog._bind_group((bufs[0].handle, bufs[1].handle, gone))
 
 
 def test_invalid_wgsl_raises(dev: webgpu.WebGPUDevice) -> None:
@@ -210,11 +332,33 @@ def test_out_of_memory(dev: webgpu.WebGPUDevice) -> None:
     assert "webgpu:0" in str(info.value) and str(size) in str(info.value)
 
 
-def test_synchronize(dev: webgpu.WebGPUDevice, rng: np.random.Generator) -> None:
-    n = 4096
-    a = rng.uniform(0.5, 2.0, size=n).astype(np.float32)
-    out = dev.alloc(a.nbytes)
-    prog = dev.program(ADD.replace("{n}", str(n)), "add")
-    prog([out, upload(dev, a), upload(dev, a)], groups=(n // 64,), local=(64,))
+BUSY = """
+@group(0) @binding(0) var<storage, read_write> b0: array<f32>;
+
+@compute @workgroup_size(64)
+fn busy(@builtin(workgroup_id) gid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let i = gid.x * 64u + lid.x;
+  var x = b0[i];
+  for (var k = 0u; k < {iterations}u; k = k + 1u) {
+    x = x * 0.999 + 0.001;
+  }
+  b0[i] = x;
+}
+"""
+
+
+def test_synchronize_waits_for_queued_work(dev: webgpu.WebGPUDevice) -> None:
+    """After synchronize the device reports its queue empty (asked without waiting)."""
+    out = upload(dev, np.zeros(64 * 64, np.float32))
     dev.synchronize()
-    np.testing.assert_array_equal(download(out, a), 2 * a)
+    assert dev._idle()
+    # a kernel long enough to be seen still running right after it was queued
+    for iterations in (1 << 10, 1 << 13, 1 << 16, 1 << 19):
+        dev.program(BUSY.replace("{iterations}", str(iterations)), "busy")([out], groups=(64,),
+                                                                           local=(64,))
+        if not dev._idle():
+            break
+    else:
+        pytest.skip("every kernel finished before the queue could be seen busy")
+    dev.synchronize()
+    assert dev._idle()
