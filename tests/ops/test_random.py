@@ -103,6 +103,8 @@ def test_seed_determinism(device: str) -> None:
 @settings(max_examples=3)
 @given(seed=seeds)
 def test_same_numbers_on_every_backend(devices: list[str], seed: int) -> None:
+    if not devices:
+        pytest.skip("no selected device is available")
     results: dict[str, list[np.ndarray]] = {}
     for d in devices:
         ag.manual_seed(seed)
