@@ -485,6 +485,14 @@ class Tensor:
     def __rshift__(self, o: TensorLike) -> "Tensor":
         return self._bitwise(o, Op.SHR)
 
+    def __rlshift__(self, o: TensorLike) -> "Tensor":
+        a, b = self._operands(o, reverse=True)
+        return a._bitwise(b, Op.SHL)
+
+    def __rrshift__(self, o: TensorLike) -> "Tensor":
+        a, b = self._operands(o, reverse=True)
+        return a._bitwise(b, Op.SHR)
+
     def where(self, condition: TensorLike, other: TensorLike) -> "Tensor":
         """PyTorch's ``x.where(cond, y)``: x where cond is true, else y."""
         return where(condition, self, other)
@@ -601,9 +609,11 @@ class Tensor:
     def sign(self) -> "Tensor":
         if self.dtype == dt.bool_:
             return self
-        pos, neg = self.gt(0).cast(self.dtype), self.lt(0).cast(self.dtype)
-        out = pos - neg
-        return self.isnan()._select(self, out) if self.dtype.is_float else out
+        if not self.dtype.is_float:
+            return self.gt(0).cast(self.dtype) - self.lt(0).cast(self.dtype)
+        # sign(NaN) is 0; the gradient is zero, but the result stays in the graph (PyTorch's)
+        return self._custom("sign", (), None,
+                            lambda: self.gt(0).cast(self.dtype) - self.lt(0).cast(self.dtype))
 
     def trunc(self) -> "Tensor":
         return self._alu(Op.TRUNC) if self.dtype.is_float else self
@@ -845,7 +855,11 @@ class Tensor:
         out = self._custom("std", (), (axes, count, correction), compute)
         return self._finish(out, axes, keepdim)
 
-    def logsumexp(self, axis: ShapeLike, keepdim: bool = False) -> "Tensor":
+    def logsumexp(self, axis: ShapeLike | None = None, keepdim: bool = False,
+                  dim: ShapeLike | None = None) -> "Tensor":
+        axis = dim if dim is not None else axis
+        if axis is None:
+            raise TypeError("logsumexp() needs dim")
         axes = self._axes(axis)
         m = self._max(axes, keepdim=True)
         m = m.isinf()._select(m._const_like(0.0), m)
@@ -905,6 +919,9 @@ class Tensor:
         return self._move(Op.PERMUTE, axes)
 
     def transpose(self, a: int = 0, b: int = 1) -> "Tensor":
+        if self.ndim == 0:
+            _axis(a, 0), _axis(b, 0)
+            return self
         order = list(range(self.ndim))
         a, b = _axis(a, self.ndim), _axis(b, self.ndim)
         order[a], order[b] = order[b], order[a]
@@ -953,6 +970,10 @@ class Tensor:
         return self.reshape(self.shape[:axis] + tuple(sizes) + self.shape[axis + 1:])
 
     def flip(self, *axes: Any) -> "Tensor":
+        if self.ndim == 0:
+            for a in _shape_arg(axes):
+                _axis(a, 0)
+            return self
         return self._move(Op.FLIP, tuple(sorted({_axis(a, self.ndim) for a in _shape_arg(axes)})))
 
     def shrink(self, bounds: Sequence[tuple[int, int]]) -> "Tensor":
@@ -1003,7 +1024,11 @@ class Tensor:
         return tuple(out)
 
     def chunk(self, chunks: int, dim: int = 0) -> tuple["Tensor", ...]:
+        if self.ndim == 0:
+            raise IndexError("chunk expects at least a 1-dimensional tensor")
         n = self.shape[_axis(dim, self.ndim)]
+        if n == 0:  # PyTorch gives `chunks` empty pieces
+            return tuple(self for _ in range(chunks))
         return self.split(max(-(-n // chunks), 1), dim)
 
     def cat(self, *others: "Tensor", dim: int = 0) -> "Tensor":

@@ -205,6 +205,7 @@ RULES: dict[Any, Rule] = {
     "gather": _gather_grad,
     # composites with rules of their own (Tensor._custom)
     "pow": _pow_grad,
+    "sign": lambda out, ps, arg, g: (g._const_like(0),),
     "abs": lambda out, ps, arg, g: (g * (ps[0].gt(0).cast(g.dtype) - ps[0].lt(0).cast(g.dtype)),),
     "log1p": lambda out, ps, arg, g: (g / (ps[0] + 1),),
     "expm1": lambda out, ps, arg, g: (g * (out + 1),),
