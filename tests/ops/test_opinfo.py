@@ -1494,7 +1494,6 @@ KNOWN: dict[str, tuple[str, tuple[str, ...]]] = {
         "a superset: PyTorch refuses this input, anygpu computes it",
         ("cpu", "opencl"),
     ),
-    ),
     "silu-int64": (
         "a superset: PyTorch refuses this input, anygpu computes it",
         ("cpu", "opencl", "webgpu"),
