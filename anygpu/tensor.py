@@ -823,7 +823,7 @@ class Tensor:
         total = self.sum(axes, keepdim)
         if not count:  # a mean of nothing is NaN (0 * NaN may fold to 0 in a shader compiler)
             return full(total.shape, float("nan"), total.dtype, self.device)
-        return total * (1.0 / count)
+        return total / count  # a division: the mean of equal values is exactly that value
 
     def var(self, axis: ShapeLike | None = None, keepdim: bool = False, correction: int = 1,
             dim: ShapeLike | None = None, unbiased: bool | None = None) -> "Tensor":
