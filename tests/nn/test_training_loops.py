@@ -80,16 +80,17 @@ def test_parameters_follow_pytorch(device: str, name: str, build: Callable[[Any]
         return loss
 
     run = ag.jit(step) if use_jit else step
+    # Adam divides by sqrt(v): float32 rounding of tiny gradients shows up magnified, in the
+    # parameters and in the next losses, hence tolerances of 1e-3
     for i, x in enumerate(_data(make, seed)):
         topt.zero_grad()
         tloss = loss_of(torch, theirs(torch.tensor(x)))
         tloss.backward()
         topt.step()
         loss = run(ag.tensor(x, device=device))
-        np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-4, atol=1e-4,
+        np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-3, atol=1e-4,
                                    err_msg=f"{name}: loss of step {i}")
         ref = {k: v.detach().numpy() for k, v in theirs.state_dict().items()}
         for key, value in ours.state_dict().items():
-            # Adam divides by sqrt(v): float32 rounding of tiny gradients shows up magnified
             np.testing.assert_allclose(value.numpy(), ref[key], rtol=1e-3, atol=1e-4,
                                        err_msg=f"{name}: {key} after step {i}")
