@@ -20,7 +20,7 @@ from anygpu import dtype as dt
 from anygpu.dtype import DType
 from anygpu.graph import schedule as sched
 from anygpu.graph.lazy import Lazy
-from anygpu.ops.grad import is_grad_enabled
+from anygpu.ops.grad import is_grad_enabled, no_grad
 from anygpu.ops.primitives import Op
 from anygpu.runtime.registry import canonical, get_device, is_device_name
 
@@ -211,7 +211,6 @@ class Tensor:
                 compute: Any) -> "Tensor":
         """A composite whose gradient is its own rule (``ops/grad.py`` RULES[name]) rather than
         the chain of its primitives' (which is NaN or wrong at kinks and extremes)."""
-        from anygpu.ops.grad import no_grad
         with no_grad():
             out = compute()
         return Tensor._make(out.lazy, (self, *others), name, arg)

@@ -7,8 +7,11 @@ the device-parametrized tests run on; by default every backend that is available
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -236,3 +239,27 @@ def make_fixture() -> Callable[..., tuple[np.ndarray, ag.Tensor]]:
         return x, ag.tensor(x, dtype=dtype, device=device)
 
     return make
+
+
+class Overtime(Exception):
+    """A computation ran past its ``deadline``."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise ``Overtime`` in this (main) thread after ``seconds``: a graph that grows without
+    end fails its test instead of stalling the session and eating its memory."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise Overtime(f"did not finish in {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

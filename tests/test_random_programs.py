@@ -15,14 +15,12 @@ is not part of either library's contract.
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import deadline
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
@@ -343,24 +341,6 @@ def run_program(prog: Program, device: str) -> list[str]:
 DEADLINE_S = 60  # one program; far above what any takes when all is well
 
 
-@contextlib.contextmanager
-def deadline(seconds: float) -> Iterator[None]:
-    """Fail (in the main thread) after ``seconds``: a graph that grows without end fails the
-    test instead of stalling the session and eating its memory."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expire(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"the program did not finish in {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 # no shrinking: each smaller program is new kernels to compile; the one found is printed whole

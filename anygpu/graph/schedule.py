@@ -163,11 +163,15 @@ def read_buffer(node: Lazy) -> np.ndarray:
         temp = node.contiguous()
         realize(temp)
         return read_buffer(temp)
-    device = get_device(node.device)
-    store = device.storage_dtype(node.dtype)
-    raw: np.ndarray = np.empty(max(node.numel, 1), dtype=store.np)
-    node.buffer.copy_out(raw)
-    return from_storage(raw[:node.numel], node.dtype).reshape(node.shape)
+    host = buffer_to_host(node.buffer, get_device(node.device), node.numel, node.dtype)
+    return host.reshape(node.shape)
+
+
+def buffer_to_host(buffer: Buffer, device: Device, numel: int, dtype: DType) -> np.ndarray:
+    """The first ``numel`` elements of a buffer of ``device`` as a flat host array."""
+    raw: np.ndarray = np.empty(max(numel, 1), dtype=device.storage_dtype(dtype).np)
+    buffer.copy_out(raw)
+    return from_storage(raw[:numel], dtype)
 
 
 # while a jit capture is running, every launch and device copy is appended here
@@ -237,10 +241,7 @@ class TransferCopy:
 
     def __call__(self, wait: bool = False) -> None:
         dst, src = self.buffers
-        store = self.src_device.storage_dtype(self.dtype)
-        raw: np.ndarray = np.empty(max(self.numel, 1), dtype=store.np)
-        src.copy_out(raw)
-        host = from_storage(raw[:self.numel], self.dtype)
+        host = buffer_to_host(src, self.src_device, self.numel, self.dtype)
         dst.copy_in(to_storage(host, self.dtype, self.dst_device).reshape(-1))
 
 

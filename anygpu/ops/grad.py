@@ -170,7 +170,7 @@ def _std_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") ->
     """(x - mean) / (std * (n - correction)), and 0 where std is 0 (a constant), as PyTorch."""
     (x,) = ps
     axes, count, correction = arg
-    mean = x._reduce(Op.SUM, axes) * (1.0 / count)
+    mean = x._reduce(Op.SUM, axes) / count  # as Tensor.mean: exact for equal values
     std = out.expand(x.shape)
     grad = g.expand(x.shape) * (x - mean.expand(x.shape)) / (std * max(count - correction, 0))
     return (std.eq(0)._select(g._const_like(0).expand(x.shape), grad),)

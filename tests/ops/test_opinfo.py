@@ -36,23 +36,21 @@ three random seeds, for a longer run than CI's.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import operator
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import Overtime, deadline
 
 import anygpu as ag
 from anygpu import dtype as dt
@@ -1562,30 +1560,6 @@ for _group, _ops in (
 
 # ---- running one op in both libraries -----------------------------------------------------
 DEADLINE_S = 60  # one sample, or one fused read; far above what any takes when all is well
-
-
-class Overtime(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def deadline(seconds: float) -> Iterator[None]:
-    """Raise ``Overtime`` in this (main) thread after ``seconds``: a graph that grows without
-    end fails its test instead of stalling the session and eating its memory."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expire(signum: int, frame: Any) -> None:
-        raise Overtime(f"did not finish in {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _materialize(value: Any, L: Any, device: str, leaves: list | None) -> Any:
