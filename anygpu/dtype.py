@@ -136,6 +136,16 @@ def scalar_dtype(value: object, other: DType) -> DType:
     raise TypeError(f"unsupported scalar {value!r} of type {type(value).__name__}")
 
 
+def wrap_int(value: int, dtype: DType) -> int:
+    """``value`` wrapped into an integer dtype, as two's-complement arithmetic would (a bool
+    stays as it is)."""
+    if dtype.is_bool:
+        return value
+    bits = 8 * dtype.itemsize
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if not dtype.is_unsigned and value >= 1 << (bits - 1) else value
+
+
 def min_value(d: DType) -> float | int | bool:
     if d.is_float:
         return float("-inf")

@@ -245,6 +245,8 @@ class Tensor:
             a, b = self.cast(out_dtype or d), other.cast(out_dtype or d)
         elif isinstance(other, (int, float, bool, np.number, np.bool_)):
             d = out_dtype or dt.scalar_dtype(other, self.dtype)
+            if d.is_int and isinstance(other, (int, np.integer)) and not isinstance(other, bool):
+                other = dt.wrap_int(int(other), d)  # an integer scalar wraps, as in PyTorch
             a = self.cast(d)
             b = Tensor(Lazy.const(other, (), d, self.device))
         else:
@@ -262,9 +264,11 @@ class Tensor:
         return a._alu(Op.ADD, b)
 
     def sub(self, other: TensorLike, alpha: Scalar = 1) -> "Tensor":
+        if self.dtype == dt.bool_ or isinstance(other, (bool, np.bool_)) or (
+                isinstance(other, Tensor) and other.dtype == dt.bool_):
+            raise TypeError("subtraction with a bool operand is not supported (as in PyTorch); "
+                            "use logical_xor or ~ to invert a mask")
         a, b = self._operands(other)
-        if a.dtype == dt.bool_:
-            raise TypeError("subtraction of bool tensors is not supported; use logical_xor")
         return a._alu(Op.ADD, b.neg() if alpha == 1 else b * (-alpha))
 
     def mul(self, other: TensorLike) -> "Tensor":
@@ -279,10 +283,15 @@ class Tensor:
         if rounding_mode == "trunc":
             self._check_int_divisor(other)
             a, b = self._operands(other)
-            return a._alu(Op.IDIV, b) if not a.dtype.is_float else (a / b).trunc()
+            _refuse_bool(a, "div(rounding_mode='trunc')")
+            if not a.dtype.is_float:
+                return a._alu(Op.IDIV, b)
+            return a._custom("step", (b,), None, lambda: (a / b).trunc())
+        if not self.dtype.is_float and not (isinstance(other, Tensor) and other.dtype.is_float):
+            # integers divide as floats, each operand converted from its own dtype
+            other = other.float() if isinstance(other, Tensor) else other
+            return self.float().div(other)
         a, b = self._operands(other)
-        if not a.dtype.is_float:
-            a, b = a.float(), b.float()
         return a._alu(Op.DIV, b)
 
     def neg(self) -> "Tensor":
@@ -298,15 +307,18 @@ class Tensor:
     def floor_divide(self, other: TensorLike) -> "Tensor":
         self._check_int_divisor(other)
         a, b = self._operands(other)
+        _refuse_bool(a, "floor_divide")
         if a.dtype.is_float:
-            # PyTorch's div_floor: from the exact remainder, so 1.0 // 0.1 is 9 as in Python
-            mod = a._alu(Op.MOD, b)
-            div = (a - mod) / b
-            div = div - (mod.ne(0).logical_and(b.lt(0).logical_xor(mod.lt(0)))).cast(a.dtype)
-            floor = div.floor()
-            floor = floor + (div - floor).gt(0.5).cast(a.dtype)
-            out = div.ne(0)._select(floor, (a / b) * 0)  # a zero keeps the quotient's sign
-            return b.eq(0)._select(a / b, out)
+            def compute() -> "Tensor":
+                # PyTorch's div_floor: from the exact remainder, so 1.0 // 0.1 is 9 as in Python
+                mod = a._alu(Op.MOD, b)
+                div = (a - mod) / b
+                div = div - (mod.ne(0).logical_and(b.lt(0).logical_xor(mod.lt(0)))).cast(a.dtype)
+                floor = div.floor()
+                floor = floor + (div - floor).gt(0.5).cast(a.dtype)
+                out = div.ne(0)._select(floor, (a / b) * 0)  # a zero keeps the quotient's sign
+                return b.eq(0)._select(a / b, out)
+            return a._custom("step", (b,), None, compute)  # piecewise constant: gradient 0
         q = a._alu(Op.IDIV, b)
         r = a._alu(Op.MOD, b)
         fix = (r != 0).logical_and((r < 0).logical_xor(b < 0))
@@ -315,6 +327,7 @@ class Tensor:
     def remainder(self, other: TensorLike) -> "Tensor":
         self._check_int_divisor(other)
         a, b = self._operands(other)
+        _refuse_bool(a, "remainder")
         r = a._alu(Op.MOD, b)
         if a.dtype.is_float:
             fix = r.ne(0).logical_and(b.lt(0).logical_xor(r.lt(0)))
@@ -325,9 +338,17 @@ class Tensor:
     def fmod(self, other: TensorLike) -> "Tensor":
         self._check_int_divisor(other)
         a, b = self._operands(other)
+        _refuse_bool(a, "fmod")
         return a._alu(Op.MOD, b)
 
     def pow(self, exponent: TensorLike) -> "Tensor":
+        if not self.dtype.is_float and isinstance(exponent, (int, np.integer)) and exponent < 0:
+            raise ValueError("integers to negative integer powers are not allowed")
+        _check_scalar_fits(exponent, self.dtype, half=True)
+        if self.dtype == dt.bool_ and (isinstance(exponent, (bool, np.bool_)) or (
+                isinstance(exponent, Tensor) and exponent.dtype == dt.bool_)):
+            a, b = self._operands(exponent)
+            return b.logical_not().logical_or(a)  # x ** False is True, x ** True is x
         a, b = self._operands(exponent)
         scalar = isinstance(exponent, (int, float, np.number)) and not isinstance(exponent, bool)
         if a.dtype == dt.bool_:
@@ -355,6 +376,8 @@ class Tensor:
         return self.sub(o)
 
     def __rsub__(self, o: TensorLike) -> "Tensor":
+        if self.dtype == dt.bool_ or isinstance(o, (bool, np.bool_)):
+            return self.sub(o)  # raises, as PyTorch does
         a, b = self._operands(o, reverse=True)
         return a.sub(b)
 
@@ -458,6 +481,8 @@ class Tensor:
         a, b = self._operands(o)
         if a.dtype.is_float:
             raise TypeError(f"bitwise {op.value} needs integer or bool tensors, got {a.dtype.name}")
+        if op in (Op.SHL, Op.SHR):
+            _refuse_bool(a, "shift")
         return a._alu(op, b)
 
     def __and__(self, o: TensorLike) -> "Tensor":
@@ -519,6 +544,9 @@ class Tensor:
         included, as in PyTorch)."""
         if min is None and max is None:
             raise ValueError("clip needs min or max")
+        if self.dtype.is_int:  # PyTorch casts an integer bound to the tensor's dtype first
+            min, max = (dt.wrap_int(b, self.dtype) if isinstance(b, int) and not isinstance(b, bool)
+                        else b for b in (min, max))
         bounds = tuple(b for b in (min, max) if isinstance(b, Tensor))
 
         def compute() -> "Tensor":
@@ -666,16 +694,18 @@ class Tensor:
     def erf(self) -> "Tensor":
         """Chebyshev fit of erfc (Numerical Recipes' erfcc): relative error below 1.2e-7."""
         x = self._float()
-        z = x.abs()
-        t = (1 + 0.5 * z).reciprocal()
-        coeffs = [-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807,
-                  -1.13520398, 1.48851587, -0.82215223, 0.17087277]
-        poly = t * 0 + coeffs[-1]
-        for c in reversed(coeffs[:-1]):
-            poly = poly * t + c
-        erfc = t * (-z * z + poly).exp()
-        out = 1 - erfc
-        return x.lt(0)._select(-out, out)
+
+        def compute() -> "Tensor":
+            z = x.abs()
+            t = (1 + 0.5 * z).reciprocal()
+            coeffs = [-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807,
+                      -1.13520398, 1.48851587, -0.82215223, 0.17087277]
+            poly = t * 0 + coeffs[-1]
+            for c in reversed(coeffs[:-1]):
+                poly = poly * t + c
+            out = 1 - t * (-z * z + poly).exp()
+            return x.lt(0)._select(-out, out)
+        return x._custom("erf", (), None, compute)
 
     def gelu(self, approximate: str = "none") -> "Tensor":
         x = self._float()
@@ -683,9 +713,11 @@ class Tensor:
             return 0.5 * x * (1 + (0.7978845608028654 * (x + 0.044715 * x * x * x)).tanh())
         return 0.5 * x * (1 + (x * 0.7071067811865476).erf())
 
-    def softplus(self, beta: float = 1.0) -> "Tensor":
-        x = self._float() * beta
-        return (x.maximum(0) + (-x.abs()).exp().log1p()) / beta
+    def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> "Tensor":
+        """log(1 + exp(beta * x)) / beta, and x itself where beta * x > threshold (PyTorch's)."""
+        x = self._float()
+        bx = x * beta
+        return bx.gt(threshold)._select(x, (bx.maximum(0) + (-bx.abs()).exp().log1p()) / beta)
 
     # ---- reductions ------------------------------------------------------------------------------
     def _axes(self, axis: ShapeLike | None) -> tuple[int, ...]:
@@ -821,7 +853,7 @@ class Tensor:
         count = math.prod(self.shape[a] for a in axes)
         total = self.sum(axes, keepdim)
         if not count:  # a mean of nothing is NaN (0 * NaN may fold to 0 in a shader compiler)
-            return full(total.shape, float("nan"), total.dtype, self.device)
+            return total + full(total.shape, float("nan"), total.dtype, self.device)
         return total / count  # a division: the mean of equal values is exactly that value
 
     def var(self, axis: ShapeLike | None = None, keepdim: bool = False, correction: int = 1,
@@ -860,10 +892,11 @@ class Tensor:
         if axis is None:
             raise TypeError("logsumexp() needs dim")
         axes = self._axes(axis)
-        m = self._max(axes, keepdim=True)
+        x = self._float()
+        m = x._max(axes, keepdim=True)
         m = m.isinf()._select(m._const_like(0.0), m)
-        out = (self - m).exp().sum(axes, keepdim=True).log() + m
-        return self._finish(out, axes, keepdim)
+        out = (x - m).exp().sum(axes, keepdim=True).log() + m
+        return x._finish(out, axes, keepdim)
 
     def softmax(self, axis: int = -1, dtype: Any = None, dim: int | None = None) -> "Tensor":
         axis = dim if dim is not None else axis
@@ -880,12 +913,14 @@ class Tensor:
     def all(self, axis: ShapeLike | None = None, keepdim: bool = False,
             dim: ShapeLike | None = None) -> "Tensor":
         axis = dim if dim is not None else axis
-        return self.bool().logical_not()._max(axis, keepdim).logical_not()
+        out = self.bool().logical_not()._max(axis, keepdim).logical_not()
+        return out.cast(dt.uint8) if self.dtype == dt.uint8 else out  # PyTorch keeps uint8
 
     def any(self, axis: ShapeLike | None = None, keepdim: bool = False,
             dim: ShapeLike | None = None) -> "Tensor":
         axis = dim if dim is not None else axis
-        return self.bool()._max(axis, keepdim)
+        out = self.bool()._max(axis, keepdim)
+        return out.cast(dt.uint8) if self.dtype == dt.uint8 else out  # PyTorch keeps uint8
 
     def cumsum(self, axis: int = 0, dim: int | None = None) -> "Tensor":
         axis = _axis(dim if dim is not None else axis, self.ndim)
@@ -1289,6 +1324,26 @@ def eye(n: int, m: int | None = None, dtype: Any = None, device: str | None = No
     return r.eq(c).cast(dt.to_dtype(dtype) if dtype is not None else dt.float32)
 
 
+def _refuse_bool(t: Tensor, what: str) -> None:
+    if t.dtype == dt.bool_:
+        raise TypeError(f"{what} is not defined for bool tensors (as in PyTorch)")
+
+
+def _check_scalar_fits(value: Any, dtype: DType, half: bool = False) -> None:
+    """PyTorch's where and pow refuse a Python integer outside the other operand's integer
+    range (arithmetic and comparisons wrap it instead); pow also a number beyond float16's."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        return
+    if dtype.is_int and isinstance(value, (int, np.integer)):
+        low, high = dt.min_value(dtype), dt.max_value(dtype)
+    elif half and dtype == dt.float16 and math.isfinite(value):
+        low, high = -65504.0, 65504.0
+    else:
+        return
+    if not low <= value <= high:
+        raise RuntimeError(f"value {value} cannot be converted to {dtype.name} without overflow")
+
+
 def where(condition: TensorLike, input: TensorLike, other: TensorLike) -> Tensor:
     """``input`` where ``condition`` is true, else ``other`` (broadcast, promoted)."""
     ref = next((t for t in (condition, input, other) if isinstance(t, Tensor)), None)
@@ -1297,8 +1352,11 @@ def where(condition: TensorLike, input: TensorLike, other: TensorLike) -> Tensor
     c = _as_tensor(condition, ref).bool()
     a = _as_tensor(input, ref)
     b = _as_tensor(other, ref)
+    for t, s in ((input, other), (other, input)):
+        if isinstance(t, Tensor):
+            _check_scalar_fits(s, t.dtype)
     if isinstance(input, Tensor) and isinstance(other, Tensor):
-        d = dt.promote(a.dtype, b.dtype)
+        d = dt.promote_tensors(a.dtype, a.ndim == 0, b.dtype, b.ndim == 0)
     elif isinstance(input, Tensor):
         d = dt.promote(a.dtype, dt.scalar_dtype(other, a.dtype)) if not isinstance(
             other, Tensor) else a.dtype

@@ -5,7 +5,8 @@
 #
 # Optional inputs in the repository root: .whl/ (wheels for packages the machine lacks, e.g.
 # pyopencl and wgpu, installed into /tmp/site) and .gl/ (Debian packages of the Vulkan loader).
-#   usage: [BACKENDS="cuda opencl"] scripts/gpu_check.sh [tests|bench|all] [pytest args...]
+#   usage: [BACKENDS="cuda opencl"] [TESTS="tests/ops"] scripts/gpu_check.sh [tests|bench|all]
+#          [pytest args...]
 set -u
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -44,7 +45,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
   for backend in ${BACKENDS:-cuda opencl webgpu}; do
-    ANYGPU_TEST_DEVICES=$backend timeout "${TEST_TIMEOUT:-400}" python3 -m pytest tests -q \
+    ANYGPU_TEST_DEVICES=$backend timeout "${TEST_TIMEOUT:-400}" python3 -m pytest ${TESTS:-tests} -q \
       -p no:cacheprovider "$@" 2>&1 | tee "$out/tests-$backend.txt" | tail -n 30
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
   done

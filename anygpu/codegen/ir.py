@@ -17,7 +17,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from anygpu.dtype import DType, bool_, int32
+from anygpu.dtype import DType, bool_, int32, wrap_int
 
 ALU_OPS = {"neg", "exp2", "log2", "sin", "sqrt", "recip", "trunc", "not", "add", "sub", "mul",
            "div", "idiv", "mod", "max", "min", "lt", "eq", "ne", "and", "or", "xor", "shl",
@@ -89,7 +89,8 @@ def alu(op: str, a: Expr, *rest: "Expr | int | float") -> Expr:
     dtype = bool_ if op in ("lt", "eq", "ne") else srcs[-1].dtype if op == "where" else a.dtype
     if op in ("add", "mul", "sub") and all(s.op == "const" for s in srcs) and not dtype.is_float:
         x, y = srcs[0].arg, srcs[1].arg
-        return const(_wrap(x + y if op == "add" else x * y if op == "mul" else x - y, dtype), dtype)
+        value = x + y if op == "add" else x * y if op == "mul" else x - y
+        return const(wrap_int(value, dtype), dtype)
     if op == "add":
         if srcs[1].op == "const" and srcs[1].arg == 0:
             return a
@@ -110,16 +111,6 @@ def alu(op: str, a: Expr, *rest: "Expr | int | float") -> Expr:
     if op == "where" and a.op == "const":
         return srcs[1] if a.arg else srcs[2]
     return Expr(op, dtype, srcs)
-
-
-def _wrap(value: int, dtype: DType) -> int:
-    """An integer folded at compile time wraps as the kernel's arithmetic would (and stays small:
-    repeated squaring of a constant would otherwise grow without bound)."""
-    if dtype.is_bool:
-        return value
-    bits = 8 * dtype.itemsize
-    value &= (1 << bits) - 1
-    return value - (1 << bits) if not dtype.is_unsigned and value >= 1 << (bits - 1) else value
 
 
 def cast(x: Expr, dtype: DType) -> Expr:

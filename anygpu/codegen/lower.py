@@ -19,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from anygpu.codegen import ir, sym
+from anygpu.codegen.templates import gemm
 from anygpu.dtype import DType, int32, int64, min_value
 from anygpu.graph.lazy import Lazy
 from anygpu.ops.primitives import ELEMENTWISE, MOVEMENT, REDUCE, Op
@@ -321,7 +322,25 @@ def build_kernel(spec: KernelSpec) -> KernelAST:
             if not any(sym.has_divmod_of(lin, merged) for lin in ast.lins):
                 groups, best = trial, ast
         k -= 1
+    if dt == int64 and _fits_int32(best):
+        # a contraction's iteration space (M * K * N) may pass 2^31 while every index it computes
+        # stays below: 32-bit index arithmetic is faster, and some drivers' 64-bit is fragile
+        small = _Builder(spec, groups, int32).build()
+        if gemm.match(small) is not None:
+            return small
     return best
+
+
+def _fits_int32(ast: KernelAST) -> bool:
+    limit = 2**31 - 1
+    if any(n.numel >= limit for n in [ast.output, *ast.inputs]) or \
+            any(d[1] >= limit for d in ast.dims):
+        return False
+    for lin in ast.lins:
+        lo, hi = lin.bounds
+        if lo < -limit or hi >= limit or any(abs(c) >= limit for _, c in lin.terms):
+            return False
+    return gemm.match(ast) is not None
 
 
 def write_in_place(ast: KernelAST, k: int) -> KernelAST:
@@ -374,6 +393,11 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256) -> ir.Kernel:
     if dialect == "c":
         body = _cpu_body(ast, store, outer_total)
         return ir.Kernel(name, params, body, 1, 1, {"bytes": kernel_bytes(ast)})
+    contraction = gemm.match(ast)
+    opts = gemm.choose(contraction, max_local) if contraction is not None else None
+    if contraction is not None and opts is not None:
+        return gemm.build(ast, contraction, opts, params, "gemm_" + sizes,
+                          {"bytes": kernel_bytes(ast)})
     if not ast.reduce and not ast.stages:  # stages over size-1 axes still need their loops
         local = min(256, max_local)
         per_thread = 4 if outer_total >= (1 << 20) else 1

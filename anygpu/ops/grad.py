@@ -58,9 +58,11 @@ def _unexpand(g: "Tensor", shape: tuple[int, ...]) -> "Tensor":
 
 
 def _max_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    """PyTorch's: ties split evenly; where either side is NaN, both get the whole gradient."""
     x, y = ps
-    share = x.gt(y).cast(g.dtype) + x.eq(y).cast(g.dtype) * 0.5  # ties split evenly, as PyTorch
-    return g * share, g * (1 - share)
+    tie = x.eq(y)._select(g * 0.5, g)
+    zero = g._const_like(0)
+    return x.lt(y)._select(zero, tie), x.gt(y)._select(zero, tie)
 
 
 def _rmax_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
@@ -147,8 +149,6 @@ def _pow_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") ->
 
 def _clamp_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
     """To x where min <= x <= max (bounds included); to a tensor bound where x is past it."""
-    from anygpu.tensor import Tensor
-
     x, *bounds = ps
     low, high = arg
     inside = x.eq(x)
@@ -158,12 +158,20 @@ def _clamp_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") 
         inside = inside.logical_and(x.le(high))
     zero = g._const_like(0)
     grads: list[Tensor | None] = [inside._select(g, zero)]
-    for bound in bounds:
-        past = x.lt(bound) if bound is low else x.gt(bound)
-        if bound is low and isinstance(high, Tensor) and high is not low:
-            past = past.logical_and(x.le(high))
+    for bound in bounds:  # PyTorch's: with min > max the result is max, and so is the gradient
+        if bound is low:
+            past = x.lt(low) if high is None else x.lt(low).logical_and(_lt(low, high))
+        else:
+            past = x.gt(high) if low is None else x.gt(high).logical_or(_lt(high, low))
         grads.append(_reduce_to(past._select(g, zero), bound.shape))
     return tuple(grads)
+
+
+def _lt(a: Any, b: Any) -> "Tensor":
+    """a < b for a tensor and a tensor or Python number, either way round."""
+    from anygpu.tensor import Tensor
+
+    return a.lt(b) if isinstance(a, Tensor) else b.gt(a)
 
 
 def _std_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
@@ -183,7 +191,7 @@ RULES: dict[Any, Rule] = {
     Op.SIN: lambda out, ps, arg, g: (g * ps[0].cos(),),
     Op.SQRT: lambda out, ps, arg, g: (g / (out * 2),),
     Op.RECIP: lambda out, ps, arg, g: (-g * out * out,),
-    Op.TRUNC: lambda out, ps, arg, g: (g * 0,),
+    Op.TRUNC: lambda out, ps, arg, g: (g._const_like(0),),  # zero even where g is NaN
     Op.CAST: lambda out, ps, arg, g: (g.cast(ps[0].dtype) if ps[0].dtype.is_float else None,),
     Op.ADD: lambda out, ps, arg, g: (g, g),
     Op.MUL: lambda out, ps, arg, g: (g * ps[1], g * ps[0]),
@@ -206,12 +214,14 @@ RULES: dict[Any, Rule] = {
     # composites with rules of their own (Tensor._custom)
     "pow": _pow_grad,
     "sign": lambda out, ps, arg, g: (g._const_like(0),),
+    "step": lambda out, ps, arg, g: tuple(_reduce_to(g._const_like(0), p.shape) for p in ps),
     "abs": lambda out, ps, arg, g: (g * (ps[0].gt(0).cast(g.dtype) - ps[0].lt(0).cast(g.dtype)),),
     "log1p": lambda out, ps, arg, g: (g / (ps[0] + 1),),
     "expm1": lambda out, ps, arg, g: (g * (out + 1),),
     "sigmoid": lambda out, ps, arg, g: (g * out * (1 - out),),
     "tanh": lambda out, ps, arg, g: (g * (1 - out * out),),
     "clamp": _clamp_grad,
+    "erf": lambda out, ps, arg, g: (g * (-ps[0] * ps[0]).exp() * (2 / math.sqrt(math.pi)),),
     "max_first": _max_first_grad,
     "std": _std_grad,
 }

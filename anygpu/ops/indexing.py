@@ -40,8 +40,6 @@ def _index_tensor(value: Any, like: "Tensor", size: int) -> "Tensor":
     from anygpu.tensor import Tensor
 
     if isinstance(value, Tensor):
-        if value.dtype == dt.bool_:
-            raise IndexError("boolean mask indexing needs a host mask; use a list or NumPy array")
         if value.dtype.is_float:
             raise IndexError(f"tensors used as indices must be integer, got {value.dtype.name}")
         return value.lt(0)._select(value + size, value)
@@ -59,11 +57,35 @@ def _index_tensor(value: Any, like: "Tensor", size: int) -> "Tensor":
     return Tensor(arr, device=like.device)
 
 
+class _MaskAxes(tuple):
+    """The index arrays of a k-dimensional bool mask, one per axis it covers."""
+
+
+def _split_mask(i: Any) -> Any:
+    """A bool mask (host or device) becomes the index arrays of its true elements, as in
+    PyTorch; a device mask is read back first (the result's shape depends on it)."""
+    from anygpu.tensor import Tensor
+
+    if isinstance(i, Tensor) and i.dtype == dt.bool_:
+        arr = i.numpy()
+    elif isinstance(i, (list, np.ndarray)) and not isinstance(i, Tensor):
+        arr = np.asarray(i)
+        if arr.dtype != np.bool_:
+            return i
+    else:
+        return i
+    if arr.ndim == 0:
+        raise IndexError("bool scalars are not supported as indices")
+    return _MaskAxes(np.nonzero(arr))
+
+
 def getitem(x: "Tensor", index: Any) -> "Tensor":
     from anygpu.tensor import Tensor
 
     if not isinstance(index, tuple):
         index = (index,)
+    index = tuple(_split_mask(i) for i in index)
+    index = tuple(j for i in index for j in (i if isinstance(i, _MaskAxes) else (i,)))
     n_real = sum(1 for i in index if i is not None and i is not Ellipsis)
     if sum(1 for i in index if i is Ellipsis) > 1:
         raise IndexError("an index can only have a single ellipsis")

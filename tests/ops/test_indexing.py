@@ -115,6 +115,24 @@ def test_tensor_indices(device: str, idx_dtype: DType, host: Any, check: Any) ->
     check(t[ti, 1, ti], x[i, 1, i], F32)
 
 
+def test_bool_masks(device: str, host: Any, check: Any) -> None:
+    """Masks of one and several dimensions, on the host or the device, beside other indices;
+    the gradient reaches the selected elements only."""
+    x = _x((4, 3, 5), F32, host)
+    t = ag.tensor(x, device=device)
+    m2 = x[:, :, 0] > 0
+    m1 = np.array([True, False, True])
+    check(t[ag.tensor(m2, device=device)], x[m2], F32)
+    check(t[m2], x[m2], F32)
+    check(t[x > 0], x[x > 0], F32)
+    check(t[1, ag.tensor(m1, device=device)], x[1, m1], F32)
+    check(t[:, m1, 1:3], x[:, m1, 1:3], F32)
+    check(t[ag.tensor(np.zeros(4, bool), device=device)], x[np.zeros(4, bool)], F32)
+    leaf = ag.tensor(x, device=device, requires_grad=True)
+    leaf[ag.tensor(m2, device=device)].sum().backward()
+    check(leaf.grad, np.broadcast_to(m2[:, :, None], x.shape).astype(np.float32), F32)
+
+
 @given(seed=seeds, dim=st.sampled_from([0, 1, -1]), small=st.booleans())
 def test_gather(device: str, seed: int, dim: int, small: bool, host: Any, check: Any) -> None:
     x = _x((4, 5), F32, host, seed)
@@ -191,8 +209,8 @@ def test_index_errors(device: str) -> None:
         t[..., ...]
     with pytest.raises(IndexError, match="must be integer"):
         t[ag.tensor([0.0], device=device)]
-    with pytest.raises(IndexError, match="host mask"):
-        t[ag.tensor([True, False, True], device=device)]
+    with pytest.raises(IndexError, match="bool scalars"):
+        t[ag.tensor(True, device=device)]
     with pytest.raises(IndexError, match="bool scalars"):
         t[True]
     with pytest.raises(IndexError, match="integer or bool"):

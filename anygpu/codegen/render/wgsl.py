@@ -20,6 +20,15 @@ MAX_GROUPS_X = 65535
 # C's fmod, exact: subtract y scaled by powers of two while the remainder is at least y. Each
 # subtraction is exact (y * 2^k <= r < y * 2^(k+1), so Sterbenz's lemma holds). NaN and infinity
 # are tested on the bits, since compilers may fold x != x away.
+# sin with its argument first reduced to [-pi, pi] by 2 pi split in three parts (Cody and Waite; the
+# first part has 8 significant bits, so k * 6.28125 is exact for |k| < 2^16): drivers' sin loses
+# accuracy as |x| grows (NVIDIA's was off by 5e-5 at x = 255).
+SIN_HELPER = """\
+fn sin_reduced(x: f32) -> f32 {
+  let k = round(x * 0.15915494f);
+  return sin(((x - k * 6.28125f) - k * 0.0019353071693331003f) - k * 1.0253376273028358e-11f);
+}"""
+
 FMOD_HELPER = """\
 fn fmod_exact(x: f32, y: f32) -> f32 {
   let xb = bitcast<u32>(x) & 0x7fffffffu;
@@ -104,6 +113,14 @@ class WGSLRenderer(CStyleRenderer):
                 nan = f"(bitcast<u32>({a}) & 0x7fffffffu) > 0x7f800000u"
                 return f"select({b}, {a}, {a} > {b} || {nan})"
             return f"select({b}, {a}, {a} > {b})"
+        if e.op == "eq" and e.srcs[0].dtype.is_float and e.srcs[0] is e.srcs[1]:
+            a = self.expr(e.srcs[0], True)  # x == x, i.e. not NaN: on the bits (see max)
+            return f"((bitcast<u32>({a}) & 0x7fffffffu) <= 0x7f800000u)"
+        if e.op == "div" and e.dtype.is_float:
+            # drivers divide through the reciprocal, which is 0 for |b| > 2^126 (inf / 3e38
+            # would be NaN): such divisors are scaled down first
+            a, b = self.expr(e.srcs[0], True), self.expr(e.srcs[1], True)
+            return f"select({a} / {b}, ({a} * 0.25f) / ({b} * 0.25f), abs({b}) > 8.5e37f)"
         if e.op == "lt" and e.srcs[0].dtype == bool_:  # WGSL orders no bools: false < true
             a, b = self.expr(e.srcs[0]), self.expr(e.srcs[1])
             return f"((!{a}) && {b})"
@@ -111,8 +128,11 @@ class WGSLRenderer(CStyleRenderer):
             return self.wrap(f"(0u - {self.expr(e.srcs[0])})", e.dtype)
         if e.op == "mod" and e.dtype.is_float:
             # WGSL's float % is e1 - e2 * trunc(e1 / e2), which is not exact
-            self.needs_fmod = True
+            self.helpers.add(FMOD_HELPER)
             return f"fmod_exact({self.expr(e.srcs[0])}, {self.expr(e.srcs[1])})"
+        if e.op == "sin":
+            self.helpers.add(SIN_HELPER)
+            return f"sin_reduced({self.expr(e.srcs[0])})"
         if e.op == "recip":
             return f"(1.0f / {self.expr(e.srcs[0])})"
         if e.op == "not":
@@ -132,6 +152,8 @@ class WGSLRenderer(CStyleRenderer):
         return super().int_op(op, a, b)
 
     def render_cast(self, x: str, src: DType, dst: DType) -> str:
+        if dst == bool_ and src.is_float:  # NaN is true: on the bits (see max)
+            return f"((bitcast<u32>({x}) & 0x7fffffffu) != 0u)"
         if dst == bool_:
             return f"({x} != {self.literal(0, src)})"
         if src == bool_:
@@ -159,13 +181,12 @@ class WGSLRenderer(CStyleRenderer):
     def render(self, kernel: ir.Kernel) -> str:
         if uses_dtype(kernel, bfloat16):
             raise TypeError("bfloat16 is not supported by WGSL")
-        self.needs_fmod = False
+        self.helpers: set[str] = set()
         body = super().render(kernel).splitlines()[1:-1]  # drop the C signature and closing brace
         head: list[str] = []
         if uses_dtype(kernel, float16):
             head.append("enable f16;")
-        if self.needs_fmod:
-            head.append(FMOD_HELPER)
+        head += sorted(self.helpers)
         for i, p in enumerate(kernel.params):
             access = "read_write" if p.written else "read"
             head.append(f"@group(0) @binding({i}) var<storage, {access}> {p.name}: "

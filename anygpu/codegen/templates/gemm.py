@@ -1,0 +1,288 @@
+"""The tiled GEMM template: a contraction kernel built in the loop IR, so every GPU dialect renders
+it (CUDA, HIP, OpenCL C, WGSL).
+
+A kernel whose single stage sums a product ``x * y`` over one reduce variable ``k``, where ``x``
+varies with an outer variable ``m`` that ``y`` ignores and ``y`` with an outer variable ``n`` that
+``x`` ignores, is a (batched) matrix product; every other outer variable is a batch index. The
+lowering already built the loads of ``x`` and ``y`` through their views (transposes, broadcasts,
+casts) and the epilogue (the elementwise graph that consumes the sum: bias, activation, residual,
+cast), so the template only chooses the loops:
+
+- a work-group computes a ``block_m`` x ``block_n`` tile of one batch entry; each thread a
+  ``thread_m`` x ``thread_n`` sub-tile held in registers (rows ``ty + i * rows``, columns
+  ``tx + j * cols``, so neighbouring threads read neighbouring local-memory words);
+- per step of ``block_k``, the group stages the ``x`` and ``y`` tiles in local memory, each
+  thread loading a few elements, neighbouring threads along the operand's contiguous axis
+  (coalesced), and out-of-range elements reading a clamped address and counting as 0;
+- the next step's elements are loaded into registers before the current step is computed
+  (``prefetch``), so global latency overlaps the arithmetic;
+- the epilogue runs on each accumulator and stores straight to the output.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from anygpu.codegen import ir
+
+
+@dataclass(frozen=True)
+class GemmOptions:
+    """The template's tunable parameters (the tuner varies them; ``choose`` picks defaults)."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 8
+    thread_m: int = 8
+    thread_n: int = 8
+    prefetch: bool = True
+
+    @property
+    def threads(self) -> int:
+        return (self.block_m // self.thread_m) * (self.block_n // self.thread_n)
+
+    def describe(self) -> str:
+        return (f"{self.block_m}x{self.block_n}x{self.block_k} tiles, {self.thread_m}x"
+                f"{self.thread_n} per thread{', prefetch' if self.prefetch else ''}")
+
+
+@dataclass
+class Contraction:
+    """A kernel recognized as a batched matrix product (variables are the AST's dims)."""
+
+    m: tuple[str, int]
+    n: tuple[str, int]
+    k: tuple[str, int]
+    batch: list[tuple[str, int]]
+    x: ir.Expr  # the factor that varies with m and k
+    y: ir.Expr  # the factor that varies with k and n
+    x_contiguous_k: bool  # whether x's neighbouring elements in memory are along k (else m)
+    y_contiguous_n: bool  # whether y's are along n (else k)
+
+
+def _vars(e: ir.Expr, memo: dict[int, frozenset[str]]) -> frozenset[str]:
+    hit = memo.get(id(e))
+    if hit is None:
+        if e.op == "var":
+            hit = frozenset([e.arg])
+        else:
+            hit = frozenset().union(*(_vars(s, memo) for s in e.srcs)) if e.srcs else frozenset()
+        memo[id(e)] = hit
+    return hit
+
+
+def _loads(e: ir.Expr, out: list[ir.Expr], seen: set[int]) -> list[ir.Expr]:
+    if id(e) not in seen:
+        seen.add(id(e))
+        if e.op == "load":
+            out.append(e)
+        for s in e.srcs:
+            _loads(s, out, seen)
+    return out
+
+
+_INT_OPS: dict[str, Callable[[int, int], int]] = {
+    "add": lambda a, b: a + b, "mul": lambda a, b: a * b, "sub": lambda a, b: a - b,
+    "idiv": lambda a, b: int(a / b) if b else 0, "mod": lambda a, b: a - int(a / b) * b if b else 0,
+    "lt": lambda a, b: int(a < b), "max": max}
+
+
+def _evaluate(e: ir.Expr, env: dict[str, int]) -> int | None:
+    """An integer index expression at a point, or None if it uses anything else."""
+    if e.op == "const":
+        return int(e.arg)
+    if e.op == "var":
+        return env.get(e.arg, 0)
+    if e.op == "cast" and not e.dtype.is_float:
+        return _evaluate(e.srcs[0], env)
+    if e.op == "where":
+        c = _evaluate(e.srcs[0], env)
+        return None if c is None else _evaluate(e.srcs[1] if c else e.srcs[2], env)
+    fn = _INT_OPS.get(e.op)
+    if fn is None or len(e.srcs) != 2:
+        return None
+    a, b = _evaluate(e.srcs[0], env), _evaluate(e.srcs[1], env)
+    return None if a is None or b is None else int(fn(a, b))
+
+
+def _stride(e: ir.Expr, var: str) -> int | None:
+    """How far the first load of ``e`` moves in memory when ``var`` goes from 0 to 1."""
+    loads = _loads(e, [], set())
+    if not loads:
+        return None
+    index = loads[0].srcs[0]
+    at0, at1 = _evaluate(index, {}), _evaluate(index, {var: 1})
+    return None if at0 is None or at1 is None else abs(at1 - at0)
+
+
+def match(ast) -> Contraction | None:  # ast: lower.KernelAST (not imported: lower imports us)
+    """The contraction in ``ast``, or None if it is not a (batched) matrix product."""
+    if len(ast.stages) != 1 or not ast.reduced_output or len(ast.reduce) != 1:
+        return None
+    stage = ast.stages[0]
+    if stage.op.name != "SUM" or stage.value.op != "mul" or not stage.dtype.is_float:
+        return None
+    x, y = stage.value.srcs
+    memo: dict[int, frozenset[str]] = {}
+    vx, vy = _vars(x, memo), _vars(y, memo)
+    k_name, k_size, _ = ast.reduce[0]
+    if k_name not in vx or k_name not in vy:
+        return None
+    outer = [(name, size) for name, size, _ in ast.outer]
+    only_x = [d for d in outer if d[0] in vx and d[0] not in vy]
+    only_y = [d for d in outer if d[0] in vy and d[0] not in vx]
+    both = [d for d in outer if d[0] in vx and d[0] in vy]
+    if len(only_x) != 1 or len(only_y) != 1 or len(both) + 2 != len(outer):
+        return None
+    m, n = only_x[0], only_y[0]
+    sxk, sxm = _stride(x, k_name), _stride(x, m[0])
+    syn, syk = _stride(y, n[0]), _stride(y, k_name)
+    return Contraction(m, n, (k_name, k_size), both, x, y,
+                       x_contiguous_k=sxk == 1 or sxm != 1, y_contiguous_n=syn == 1 or syk != 1)
+
+
+def choose(c: Contraction, max_local: int) -> GemmOptions | None:
+    """Default options for a contraction on a device, or None where the template does not pay
+    (small products stay with the generic reduction)."""
+    (_, m), (_, n), (_, k) = c.m, c.n, c.k
+    if m < 32 or n < 32 or k < 8 or m * n * k < 1 << 18:
+        return None
+    if m * n >= 1 << 20:
+        opts = GemmOptions()
+    else:  # fewer output tiles: smaller tiles keep more work-groups busy
+        opts = GemmOptions(block_m=64, block_n=64, block_k=16, thread_m=4, thread_n=4)
+    return opts if opts.threads <= max_local else None
+
+
+def _clamped(v: ir.Expr, size: int) -> ir.Expr:
+    top = ir.const(size - 1, v.dtype)
+    return ir.alu("where", ir.alu("lt", top, v), top, v)
+
+
+def build(ast, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: str,
+          meta: dict) -> ir.Kernel:
+    """The kernel IR of ``ast`` through the template."""
+    dt = ast.index_dtype
+    (m_name, M), (n_name, N), (k_name, K) = c.m, c.n, c.k
+    BM, BN, BK, TM, TN = opts.block_m, opts.block_n, opts.block_k, opts.thread_m, opts.thread_n
+    cols = BN // TN  # threads along n
+    rows = BM // TM
+    threads = rows * cols
+    acc_dtype = ast.stages[0].dtype
+    tiles_m, tiles_n = -(-M // BM), -(-N // BN)
+    batch_total = math.prod(s for _, s in c.batch)
+    groups = tiles_m * tiles_n * batch_total
+
+    def const(v: int) -> ir.Expr:
+        return ir.const(v, dt)
+
+    lid, gid = ir.cast(ir.special("lid"), dt), ir.cast(ir.special("gid"), dt)
+    body: list[ir.Stmt] = [ir.LocalArray("xs", acc_dtype, BK * BM),
+                           ir.LocalArray("ys", acc_dtype, BK * BN)]
+    # work-group -> (batch..., tile along m, tile along n); n fastest, so neighbouring groups
+    # share the x tile
+    body.append(ir.Decl("tn", dt, ir.alu("mod", gid, const(tiles_n))))
+    rest = ir.alu("idiv", gid, const(tiles_n))
+    body.append(ir.Decl("tm", dt, ir.alu("mod", rest, const(tiles_m))))
+    rest = ir.alu("idiv", rest, const(tiles_m))
+    batch_env: dict[str, ir.Expr] = {}
+    for bname, bsize in reversed(c.batch):
+        body.append(ir.Decl(bname, dt, ir.alu("mod", rest, const(bsize))))
+        batch_env[bname] = ir.var(bname, dt)
+        rest = ir.alu("idiv", rest, const(bsize))
+    tm, tn = ir.var("tm", dt), ir.var("tn", dt)
+    body.append(ir.Decl("tx", dt, ir.alu("mod", lid, const(cols))))
+    body.append(ir.Decl("ty", dt, ir.alu("idiv", lid, const(cols))))
+    tx, ty = ir.var("tx", dt), ir.var("ty", dt)
+    for i in range(TM):
+        for j in range(TN):
+            body.append(ir.Decl(f"c{i}_{j}", acc_dtype, ir.const(0, acc_dtype)))
+    k0 = ir.var("k0", dt)
+
+    # the elements each thread stages: element e = lid + threads * j of the tile, laid out so
+    # that neighbouring threads read neighbouring addresses of the operand
+    def staged(value: ir.Expr, outer: tuple[str, int], outer_block: int, tile: ir.Expr,
+               contiguous_k: bool, k_step: ir.Expr) -> list[tuple[ir.Expr, ir.Expr, ir.Expr]]:
+        """(local index, value, in-range) for each element this thread stages of one operand
+        tile (local layout: [k][outer])."""
+        out = []
+        total = BK * outer_block
+        for j in range(-(-total // threads)):
+            e = ir.alu("add", lid, const(threads * j))
+            if contiguous_k:
+                kk, oo = ir.alu("mod", e, const(BK)), ir.alu("idiv", e, const(BK))
+            else:
+                kk, oo = ir.alu("idiv", e, const(outer_block)), ir.alu("mod", e, const(outer_block))
+            o = ir.alu("add", ir.alu("mul", tile, const(outer_block)), oo)
+            kg = ir.alu("add", k_step, kk)
+            inside = ir.alu("and", ir.alu("lt", o, const(outer[1])), ir.alu("lt", kg, const(K)))
+            env = dict(batch_env)
+            env[outer[0]] = _clamped(o, outer[1])
+            env[k_name] = _clamped(kg, K)
+            v = ir.substitute(value, env)
+            v = ir.alu("where", inside, ir.cast(v, acc_dtype), ir.const(0, acc_dtype))
+            local = ir.alu("add", ir.alu("mul", kk, const(outer_block)), oo)
+            if total % threads:
+                v = ir.alu("where", ir.alu("lt", e, const(total)), v, ir.const(0, acc_dtype))
+            out.append((local, v, e))
+        return out
+
+    def stage_tile(k_step: ir.Expr) -> list[tuple[str, ir.Expr, ir.Expr, ir.Expr]]:
+        parts = [("xs", *t) for t in staged(c.x, c.m, BM, tm, c.x_contiguous_k, k_step)]
+        parts += [("ys", *t) for t in staged(c.y, c.n, BN, tn, not c.y_contiguous_n, k_step)]
+        return parts
+
+    def store_staged(parts: list[tuple[str, ir.Expr, ir.Expr, ir.Expr]],
+                     values: list[ir.Expr]) -> list[ir.Stmt]:
+        out: list[ir.Stmt] = []
+        for (buf, local, _, e), v in zip(parts, values):
+            size = BK * (BM if buf == "xs" else BN)
+            st = ir.Store(buf, local, v)
+            out.append(st if size % threads == 0 else ir.If(ir.alu("lt", e, const(size)), [st]))
+        return out
+
+    compute: list[ir.Stmt] = []
+    for kk in range(BK):
+        xs = [ir.load("xs", acc_dtype, const(kk * BM) + ir.alu("add", ty, const(i * rows)))
+              for i in range(TM)]
+        ys = [ir.load("ys", acc_dtype, const(kk * BN) + ir.alu("add", tx, const(j * cols)))
+              for j in range(TN)]
+        for i in range(TM):
+            for j in range(TN):
+                acc = ir.var(f"c{i}_{j}", acc_dtype)
+                compute.append(ir.Assign(f"c{i}_{j}", ir.alu("add", acc,
+                                                             ir.alu("mul", xs[i], ys[j]))))
+    steps = -(-K // BK)
+    if opts.prefetch:
+        first = stage_tile(const(0))
+        regs = [f"p{q}" for q in range(len(first))]
+        body += [ir.Decl(r, acc_dtype, v) for r, (_, _, v, _) in zip(regs, first)]
+        nxt = stage_tile(ir.alu("add", k0, const(BK)))
+        loop = store_staged(first, [ir.var(r, acc_dtype) for r in regs]) + [ir.Barrier()]
+        loop += [ir.If(ir.alu("lt", ir.alu("add", k0, const(BK)), const(K)),
+                       [ir.Assign(r, v) for r, (_, _, v, _) in zip(regs, nxt)])]
+        loop += compute + [ir.Barrier()]
+    else:
+        parts = stage_tile(k0)
+        loop = store_staged(parts, [v for _, _, v, _ in parts]) + [ir.Barrier()]
+        loop += compute + [ir.Barrier()]
+    body.append(ir.For("k0", const(0), const(steps * BK), const(BK), loop))
+
+    # the epilogue: the AST's output expression with acc0 = this thread's accumulator
+    for i in range(TM):
+        row = ir.alu("add", ir.alu("mul", tm, const(BM)), ir.alu("add", ty, const(i * rows)))
+        for j in range(TN):
+            col = ir.alu("add", ir.alu("mul", tn, const(BN)), ir.alu("add", tx, const(j * cols)))
+            env = dict(batch_env)
+            env[m_name], env[n_name] = row, col
+            env["acc0"] = ir.var(f"c{i}_{j}", acc_dtype)
+            value = ir.substitute(ast.out_value, env)
+            index = ir.substitute(ast.out_index, env)
+            inside = ir.alu("and", ir.alu("lt", row, const(M)), ir.alu("lt", col, const(N)))
+            body.append(ir.If(inside, [ir.Store("b0", index, value)]))
+    arrays = [s for s in body if isinstance(s, ir.LocalArray)]
+    rest_body = [s for s in body if not isinstance(s, ir.LocalArray)]
+    meta = dict(meta, template=f"gemm {opts.describe()}")
+    return ir.Kernel(name, params, arrays + rest_body, groups, threads, meta)

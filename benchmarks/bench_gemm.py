@@ -1,0 +1,144 @@
+"""Matrix products against PyTorch on the same GPU, in one run.
+
+    python benchmarks/bench_gemm.py --device cuda opencl webgpu [--size 4096] [--json out.json]
+
+For each device and dtype: C = A @ B with square operands of ``--size`` (4096 by default), timed
+as the one kernel anygpu launches for it (launches queued back to back, median of several rounds),
+in TFLOP/s (2 * M * N * K per product), beside ``torch.matmul`` on the same GPU with TF32 off
+(exact float32) timed the same way. The result is checked against PyTorch's first. Also a
+transposed operand (A.T @ B) and a fused epilogue ((A @ B + bias).relu()), each one kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import anygpu as ag  # noqa: E402
+from anygpu.graph.schedule import KernelItem, prepare, schedule  # noqa: E402
+from anygpu.runtime.registry import get_device  # noqa: E402
+
+
+def _median_time(fn: Callable[[], Any], sync: Callable[[], None], reps: int,
+                 rounds: int = 5) -> float:
+    fn()
+    sync()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        sync()
+        times.append((time.perf_counter() - start) / reps)
+    return statistics.median(times)
+
+
+def _kernel(t: ag.Tensor) -> Any:
+    items = [i for i in schedule([t.lazy]) if isinstance(i, KernelItem)]
+    if len(items) != 1:
+        raise RuntimeError(f"expected one kernel, the schedule has {len(items)}")
+    return prepare(items[0])
+
+
+def _cases(a: Any, b: Any, bias: Any) -> dict[str, Callable[[], Any]]:
+    """The products timed, for anygpu and torch tensors alike."""
+    return {"A @ B": lambda: a @ b, "A.T @ B": lambda: a.T @ b,
+            "(A @ B + bias).relu()": lambda: (a @ b + bias).relu()}
+
+
+def _torch_time(fn: Callable[[], Any], reps: int) -> float | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return _median_time(fn, torch.cuda.synchronize, reps)
+
+
+def run(devices: list[str], size: int, reps: int) -> list[dict]:
+    rows = []
+    rng = np.random.default_rng(0)
+    n = size
+    a_host = rng.standard_normal((n, n), dtype=np.float32)
+    b_host = rng.standard_normal((n, n), dtype=np.float32)
+    bias_host = rng.standard_normal((n,), dtype=np.float32)
+    flops = 2.0 * n * n * n
+    try:
+        import torch
+        torch.backends.cuda.matmul.allow_tf32 = False
+        have_torch = torch.cuda.is_available()
+    except ImportError:
+        have_torch = False
+    for device in devices:
+        dev = get_device(device)
+        for dtype in (ag.float32, ag.float16, ag.bfloat16):
+            if not dev.supports(dtype):
+                continue
+            a = ag.tensor(a_host, device=device).cast(dtype).realize()
+            b = ag.tensor(b_host, device=device).cast(dtype).realize()
+            bias = ag.tensor(bias_host, device=device).cast(dtype).realize()
+            for label, build in _cases(a, b, bias).items():
+                out = build()
+                launch = _kernel(out)
+                name = launch.name
+                seconds = _median_time(launch, dev.synchronize, reps)
+                out.realize()
+                row: dict[str, Any] = {"device": device, "dtype": dtype.name, "case": label,
+                                       "n": n, "kernel": name, "ms": seconds * 1e3,
+                                       "tflops": flops / seconds / 1e12}
+                if have_torch:
+                    tdt = {"float32": torch.float32, "float16": torch.float16,
+                           "bfloat16": torch.bfloat16}[dtype.name]
+                    ta = torch.from_numpy(a_host).cuda().to(tdt)
+                    tb = torch.from_numpy(b_host).cuda().to(tdt)
+                    tbias = torch.from_numpy(bias_host).cuda().to(tdt)
+                    tcases = _cases(ta, tb, tbias)
+                    ref = tcases[label]().float().cpu().numpy()
+                    got = out.float().numpy()
+                    err = float(np.abs(got - ref).max() / (np.abs(ref).max() + 1e-30))
+                    ts = _torch_time(tcases[label], reps)
+                    row.update(torch_ms=ts * 1e3 if ts else None,
+                               torch_tflops=flops / ts / 1e12 if ts else None,
+                               ratio=(ts / seconds) if ts else None, max_rel_err=err)
+                rows.append(row)
+                line = (f"{device:8s} {dtype.name:9s} {label:24s} {row['ms']:8.3f} ms "
+                        f"{row['tflops']:7.2f} TFLOP/s")
+                if row.get("torch_ms"):
+                    line += (f" | torch {row['torch_ms']:8.3f} ms {row['torch_tflops']:7.2f} "
+                             f"TFLOP/s | {100 * row['ratio']:5.1f}% of torch | "
+                             f"err {row['max_rel_err']:.1e}")
+                print(line + f"  [{name}]", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", nargs="+", default=["cuda"])
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    devices = []
+    for d in args.device:
+        try:
+            get_device(d)
+            devices.append(d)
+        except Exception as err:  # a device this machine lacks is reported, not fatal
+            print(f"{d}: unavailable ({err})")
+    rows = run(devices, args.size, args.reps)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Matrix products through the GEMM template (on every device with local memory: cuda, opencl,
+webgpu) against PyTorch, at sizes that are no multiple of any tile: transposed operands read in
+place, batches (broadcast too), fused epilogues, reduced precisions and gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import anygpu as ag
+from anygpu.codegen import lower
+from anygpu.graph.schedule import KernelItem, schedule
+from anygpu.runtime.registry import get_device
+
+F32 = ag.float32
+TOL = {ag.float32: (2e-4, 2e-4), ag.float16: (2e-2, 2e-2), ag.bfloat16: (5e-2, 5e-2)}
+TORCH = {ag.float32: torch.float32, ag.float16: torch.float16, ag.bfloat16: torch.bfloat16}
+
+
+def _kernel_names(t: ag.Tensor) -> list[str]:
+    dev = get_device(t.device)
+    return [lower.to_ir(i.ast, dev.dialect, dev.info.max_local_size).name
+            for i in schedule([t.lazy]) if isinstance(i, KernelItem)]
+
+
+def _uses_template(t: ag.Tensor) -> bool:
+    return any(n.startswith("gemm_") for n in _kernel_names(t))
+
+
+def _rand(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _check(got: ag.Tensor, want: torch.Tensor, dtype: ag.DType) -> None:
+    rtol, atol = TOL[dtype]
+    w = want.float().numpy()
+    scale = max(float(np.abs(w).max()), 1.0)
+    np.testing.assert_allclose(got.float().numpy(), w, rtol=rtol, atol=atol * scale)
+
+
+@pytest.mark.parametrize("m,k,n", [(200, 70, 150), (129, 33, 257), (64, 300, 40), (1000, 9, 33)])
+def test_shapes(device: str, m: int, k: int, n: int) -> None:
+    a, b = _rand((m, k), m), _rand((k, n), n)
+    out = ag.tensor(a, device=device) @ ag.tensor(b, device=device)
+    assert _uses_template(out) == (device.partition(":")[0] != "cpu")
+    _check(out, torch.from_numpy(a) @ torch.from_numpy(b), F32)
+
+
+@pytest.mark.parametrize("ta,tb", [(True, False), (False, True), (True, True)])
+def test_transposed_operands_in_place(device: str, ta: bool, tb: bool) -> None:
+    a = _rand((90, 130) if ta else (130, 90), 1)
+    b = _rand((70, 90) if tb else (90, 70), 2)
+    x, y = ag.tensor(a, device=device), ag.tensor(b, device=device)
+    x, y = (x.T if ta else x), (y.T if tb else y)
+    out = x @ y
+    assert len(_kernel_names(out)) == 1  # no copy of the transposed operand
+    want = (torch.from_numpy(a).T if ta else torch.from_numpy(a)) @ \
+        (torch.from_numpy(b).T if tb else torch.from_numpy(b))
+    _check(out, want, F32)
+
+
+def test_batched_and_broadcast(device: str) -> None:
+    a, b, c = _rand((3, 70, 90), 3), _rand((3, 90, 50), 4), _rand((90, 50), 5)
+    x, y, z = (ag.tensor(v, device=device) for v in (a, b, c))
+    ta, tb, tc = (torch.from_numpy(v) for v in (a, b, c))
+    _check(x @ y, ta @ tb, F32)
+    _check(x @ z, ta @ tc, F32)
+    _check(ag.tensor(_rand((2, 1, 40, 64), 6), device=device) @
+           ag.tensor(_rand((3, 64, 48), 7), device=device),
+           torch.from_numpy(_rand((2, 1, 40, 64), 6)) @ torch.from_numpy(_rand((3, 64, 48), 7)),
+           F32)
+
+
+def test_fused_epilogue(device: str) -> None:
+    a, b, bias, res = _rand((150, 80), 8), _rand((80, 120), 9), _rand((120,), 10), \
+        _rand((150, 120), 11)
+    x, y, z, r = (ag.tensor(v, device=device) for v in (a, b, bias, res))
+    out = ((x @ y + z).relu() * 0.5 + r).cast(ag.float16) if get_device(device).supports(
+        ag.float16) else (x @ y + z).relu() * 0.5 + r
+    assert len(_kernel_names(out)) == 1  # bias, activation, scaling, residual, cast: one kernel
+    ta, tb, tz, tr = (torch.from_numpy(v) for v in (a, b, bias, res))
+    _check(out, (ta @ tb + tz).relu() * 0.5 + tr, ag.float16 if out.dtype == ag.float16 else F32)
+
+
+@pytest.mark.parametrize("dtype", [ag.float16, ag.bfloat16])
+def test_reduced_precision(device: str, dtype: ag.DType) -> None:
+    if not get_device(device).supports(dtype):
+        pytest.skip(f"{dtype.name} is not supported on {device}")
+    a, b = _rand((96, 200), 12), _rand((200, 72), 13)
+    x = ag.tensor(a, device=device).cast(dtype)
+    y = ag.tensor(b, device=device).cast(dtype)
+    out = x @ y
+    assert out.dtype == dtype
+    want = (torch.from_numpy(a).to(TORCH[dtype]).float() @
+            torch.from_numpy(b).to(TORCH[dtype]).float())
+    _check(out, want, dtype)
+
+
+def test_gradients(device: str) -> None:
+    a, b, g = _rand((120, 70), 14), _rand((70, 90), 15), _rand((120, 90), 16)
+    x = ag.tensor(a, device=device, requires_grad=True)
+    y = ag.tensor(b, device=device, requires_grad=True)
+    (x @ y * ag.tensor(g, device=device)).sum().backward()
+    tx = torch.from_numpy(a).requires_grad_()
+    ty = torch.from_numpy(b).requires_grad_()
+    (tx @ ty * torch.from_numpy(g)).sum().backward()
+    assert x.grad is not None and y.grad is not None
+    _check(x.grad, tx.grad, F32)
+    _check(y.grad, ty.grad, F32)
+
+
+def test_nan_and_inf_propagate(device: str) -> None:
+    a, b = _rand((64, 64), 17), _rand((64, 64), 18)
+    a[3, 5], b[7, 9] = np.nan, np.inf
+    out = (ag.tensor(a, device=device) @ ag.tensor(b, device=device)).numpy()
+    want = (torch.from_numpy(a) @ torch.from_numpy(b)).numpy()
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(out), np.isinf(want))
