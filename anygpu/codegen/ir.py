@@ -213,7 +213,18 @@ class LocalArray:
     size: int
 
 
-Stmt = Decl | Assign | Store | For | If | Barrier | LocalArray
+@dataclass
+class VecLoad:
+    """Declares ``names`` from consecutive elements ``buf[index + i]`` of a local array, in one
+    vector load where the dialect has one (``index`` is a multiple of ``len(names)``)."""
+
+    names: list[str]
+    dtype: DType
+    buf: str
+    index: Expr
+
+
+Stmt = Decl | Assign | Store | For | If | Barrier | LocalArray | VecLoad
 
 
 @dataclass

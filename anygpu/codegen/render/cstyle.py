@@ -298,11 +298,19 @@ class CStyleRenderer:
             self.emit(self.barrier)
         elif isinstance(st, ir.LocalArray):
             self.emit(self.local_array(st))
+        elif isinstance(st, ir.VecLoad):
+            for line in self.vector_load(st, self.expr(st.index, True)):
+                self.emit(line)
         else:
             raise AssertionError(st)
 
     def declare_var(self, name: str, dtype: DType, init: str) -> str:
         return f"{self.compute_type(dtype)} {name} = {init};"
+
+    def vector_load(self, st: ir.VecLoad, index: str) -> list[str]:
+        """Scalar loads; dialects with vector types override this."""
+        return [self.declare_var(name, st.dtype, f"{st.buf}[{index} + {i}]")
+                for i, name in enumerate(st.names)]
 
     def for_header(self, name: str, dtype: DType, start: str, stop: str, step: str) -> str:
         return f"for ({self.types[dtype]} {name} = {start}; {name} < {stop}; {name} += {step}) {{"
@@ -356,6 +364,8 @@ def _stmt_exprs(st: ir.Stmt) -> list[ir.Expr]:
         return [st.start, st.stop, st.step]
     if isinstance(st, ir.If):
         return [st.cond]
+    if isinstance(st, ir.VecLoad):
+        return [st.index]
     return []
 
 

@@ -52,6 +52,17 @@ class CUDARenderer(CStyleRenderer):
             return f"{buf}[{index}] = __float2bfloat16_rn({value});"
         return super().store_global(buf, dtype, index, value)
 
+    def local_array(self, st: ir.LocalArray) -> str:  # aligned for vector loads
+        return f"__shared__ __align__(16) {self.compute_type(st.dtype)} {st.name}[{st.size}];"
+
+    def vector_load(self, st: ir.VecLoad, index: str) -> list[str]:
+        n = len(st.names)
+        if n not in (2, 4) or self.compute_type(st.dtype) != "float":
+            return super().vector_load(st, index)
+        v = self.fresh("v")
+        lines = [f"const float{n} {v} = *reinterpret_cast<const float{n}*>(&{st.buf}[{index}]);"]
+        return lines + [f"float {name} = {v}.{'xyzw'[i]};" for i, name in enumerate(st.names)]
+
     def signature(self, kernel: ir.Kernel) -> str:
         sig = super().signature(kernel)
         return sig.replace("void ", f"void __launch_bounds__({kernel.local}) ", 1)

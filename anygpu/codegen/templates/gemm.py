@@ -9,8 +9,9 @@ casts) and the epilogue (the elementwise graph that consumes the sum: bias, acti
 cast), so the template only chooses the loops:
 
 - a work-group computes a ``block_m`` x ``block_n`` tile of one batch entry; each thread a
-  ``thread_m`` x ``thread_n`` sub-tile held in registers (rows ``ty + i * rows``, columns
-  ``tx + j * cols``, so neighbouring threads read neighbouring local-memory words);
+  ``thread_m`` x ``thread_n`` sub-tile held in registers: rows in groups of 4 neighbours (one
+  vector load from local memory each; the loads, not the multiply-adds, bound a SIMT GEMM with
+  scalar loads), groups ``4 * rows`` apart, and columns likewise;
 - per step of ``block_k``, the group stages the ``x`` and ``y`` tiles in local memory, each
   thread loading a few elements, neighbouring threads along the operand's contiguous axis
   (coalesced), and out-of-range elements reading a clamped address and counting as 0;
@@ -26,6 +27,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from anygpu.codegen import ir
+
+
+VEC = 4  # local-memory reads of 4 neighbouring values at once (one instruction where it can)
+PAD = 4  # extra elements per local tile row (a multiple of VEC keeps vector reads aligned)
 
 
 @dataclass(frozen=True)
@@ -179,8 +184,11 @@ def build(ast, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: 
         return ir.const(v, dt)
 
     lid, gid = ir.cast(ir.special("lid"), dt), ir.cast(ir.special("gid"), dt)
-    body: list[ir.Stmt] = [ir.LocalArray("xs", acc_dtype, BK * BM),
-                           ir.LocalArray("ys", acc_dtype, BK * BN)]
+    # local tiles [k][m] and [k][n], rows padded by PAD so that staging a k-contiguous operand
+    # (neighbouring threads at neighbouring k) spreads over the memory banks
+    XW, YW = BM + PAD, BN + PAD
+    body: list[ir.Stmt] = [ir.LocalArray("xs", acc_dtype, BK * XW),
+                           ir.LocalArray("ys", acc_dtype, BK * YW)]
     # work-group -> (batch..., tile along m, tile along n); n fastest, so neighbouring groups
     # share the x tile
     body.append(ir.Decl("tn", dt, ir.alu("mod", gid, const(tiles_n))))
@@ -223,7 +231,7 @@ def build(ast, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: 
             env[k_name] = _clamped(kg, K)
             v = ir.substitute(value, env)
             v = ir.alu("where", inside, ir.cast(v, acc_dtype), ir.const(0, acc_dtype))
-            local = ir.alu("add", ir.alu("mul", kk, const(outer_block)), oo)
+            local = ir.alu("add", ir.alu("mul", kk, const(outer_block + PAD)), oo)
             if total % threads:
                 v = ir.alu("where", ir.alu("lt", e, const(total)), v, ir.const(0, acc_dtype))
             out.append((local, v, e))
@@ -243,17 +251,38 @@ def build(ast, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: 
             out.append(st if size % threads == 0 else ir.If(ir.alu("lt", e, const(size)), [st]))
         return out
 
+    # a thread's rows: groups of VEC neighbours (read from local memory in one vector load),
+    # the groups rows * VEC apart; columns likewise
+    vm, vn = (VEC if TM % VEC == 0 else 1), (VEC if TN % VEC == 0 else 1)
+
+    def offset(i: int, v: int, lanes: int) -> tuple[int, int]:
+        """(constant part, multiplier of the thread coordinate) of the i-th row or column."""
+        return (i // v) * lanes * v + i % v, v
+
+    def row_of(i: int) -> ir.Expr:
+        c0, mul = offset(i, vm, rows)
+        return ir.alu("add", ir.alu("mul", ty, const(mul)), const(c0))
+
+    def col_of(j: int) -> ir.Expr:
+        c0, mul = offset(j, vn, cols)
+        return ir.alu("add", ir.alu("mul", tx, const(mul)), const(c0))
+
     compute: list[ir.Stmt] = []
     for kk in range(BK):
-        xs = [ir.load("xs", acc_dtype, const(kk * BM) + ir.alu("add", ty, const(i * rows)))
-              for i in range(TM)]
-        ys = [ir.load("ys", acc_dtype, const(kk * BN) + ir.alu("add", tx, const(j * cols)))
-              for j in range(TN)]
+        for g in range(TM // vm):
+            base = ir.alu("add", const(kk * XW), row_of(g * vm))
+            compute.append(ir.VecLoad([f"x{kk}_{g * vm + r}" for r in range(vm)], acc_dtype,
+                                      "xs", base))
+        for g in range(TN // vn):
+            base = ir.alu("add", const(kk * YW), col_of(g * vn))
+            compute.append(ir.VecLoad([f"y{kk}_{g * vn + r}" for r in range(vn)], acc_dtype,
+                                      "ys", base))
         for i in range(TM):
             for j in range(TN):
                 acc = ir.var(f"c{i}_{j}", acc_dtype)
-                compute.append(ir.Assign(f"c{i}_{j}", ir.alu("add", acc,
-                                                             ir.alu("mul", xs[i], ys[j]))))
+                prod = ir.alu("mul", ir.var(f"x{kk}_{i}", acc_dtype), ir.var(f"y{kk}_{j}",
+                                                                            acc_dtype))
+                compute.append(ir.Assign(f"c{i}_{j}", ir.alu("add", acc, prod)))
     steps = -(-K // BK)
     if opts.prefetch:
         first = stage_tile(const(0))
@@ -272,9 +301,9 @@ def build(ast, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: 
 
     # the epilogue: the AST's output expression with acc0 = this thread's accumulator
     for i in range(TM):
-        row = ir.alu("add", ir.alu("mul", tm, const(BM)), ir.alu("add", ty, const(i * rows)))
+        row = ir.alu("add", ir.alu("mul", tm, const(BM)), row_of(i))
         for j in range(TN):
-            col = ir.alu("add", ir.alu("mul", tn, const(BN)), ir.alu("add", tx, const(j * cols)))
+            col = ir.alu("add", ir.alu("mul", tn, const(BN)), col_of(j))
             env = dict(batch_env)
             env[m_name], env[n_name] = row, col
             env["acc0"] = ir.var(f"c{i}_{j}", acc_dtype)
