@@ -155,7 +155,7 @@ def test_opencl_facts() -> None:
 def test_cuda_facts() -> None:
     text = source("row_sum", "cuda")
     assert 'extern "C" __global__ void __launch_bounds__(' in text
-    assert "__shared__ float lmem0[" in text and "__syncthreads();" in text
+    assert "__shared__ __align__(16) float lmem0[" in text and "__syncthreads();" in text
     assert "blockIdx.x" in text and "threadIdx.x" in text
     assert "float* __restrict__ b0" in text
     half = source("half", "cuda")

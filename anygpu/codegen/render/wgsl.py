@@ -29,6 +29,21 @@ fn sin_reduced(x: f32) -> f32 {
   return sin(((x - k * 6.28125f) - k * 0.0019353071693331003f) - k * 1.0253376273028358e-11f);
 }"""
 
+# a / b as IEEE division gives it. Drivers divide through an approximate reciprocal: 3 / 3 gave
+# 0.99999994 (so the deviation of equal values was not 0), and for |b| > 2^126 the reciprocal
+# flushes to 0 (inf / 3e38 was NaN). Huge divisors are scaled down first, and one step on the
+# exact residual fma(-q, b, a) corrects the quotient (where quotient and divisor are finite).
+DIV_HELPER = """\
+fn div_exact(x: f32, y: f32) -> f32 {
+  let s = select(1.0f, 0.25f, abs(y) > 8.5e37f);
+  let a = x * s;
+  let b = y * s;
+  let q = a / b;
+  let inf = 0x7f800000u;
+  if ((bitcast<u32>(q) & inf) == inf || (bitcast<u32>(b) & inf) == inf) { return q; }
+  return q + fma(-q, b, a) / b;
+}"""
+
 FMOD_HELPER = """\
 fn fmod_exact(x: f32, y: f32) -> f32 {
   let xb = bitcast<u32>(x) & 0x7fffffffu;
@@ -117,10 +132,8 @@ class WGSLRenderer(CStyleRenderer):
             a = self.expr(e.srcs[0], True)  # x == x, i.e. not NaN: on the bits (see max)
             return f"((bitcast<u32>({a}) & 0x7fffffffu) <= 0x7f800000u)"
         if e.op == "div" and e.dtype.is_float:
-            # drivers divide through the reciprocal, which is 0 for |b| > 2^126 (inf / 3e38
-            # would be NaN): such divisors are scaled down first
-            a, b = self.expr(e.srcs[0], True), self.expr(e.srcs[1], True)
-            return f"select({a} / {b}, ({a} * 0.25f) / ({b} * 0.25f), abs({b}) > 8.5e37f)"
+            self.helpers.add(DIV_HELPER)
+            return f"div_exact({self.expr(e.srcs[0])}, {self.expr(e.srcs[1])})"
         if e.op == "lt" and e.srcs[0].dtype == bool_:  # WGSL orders no bools: false < true
             a, b = self.expr(e.srcs[0]), self.expr(e.srcs[1])
             return f"((!{a}) && {b})"
