@@ -53,7 +53,7 @@ def test_replay_uses_new_inputs_and_no_graph_work(device: str, monkeypatch) -> N
     def f(x: ag.Tensor) -> ag.Tensor:
         return (x * 2 + 1).exp().sum()
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     for _ in range(2):
         f(ag.tensor(rng.standard_normal(16).astype(np.float32), device=device))
     calls = []
@@ -73,7 +73,7 @@ def test_memory_is_planned(device: str) -> None:
             x = (x * 1.01 + 0.5).contiguous().realize()
         return x
 
-    x = ag.tensor(np.random.default_rng().standard_normal(64).astype(np.float32), device=device)
+    x = ag.tensor(np.random.default_rng(0).standard_normal(64).astype(np.float32), device=device)
     for _ in range(3):
         out = chain(x)
     (captured,) = chain.captured.values()
@@ -102,11 +102,13 @@ def test_view_inputs_replay_with_their_values(device: str) -> None:
     def f(x: ag.Tensor) -> ag.Tensor:
         return (x * 3).sum()
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(7)
     for _ in range(4):
         base = rng.standard_normal((4, 6)).astype(np.float32)
         got = f(ag.tensor(base, device=device)[1:3]).item()
-        assert got == pytest.approx(float((base[1:3] * 3).sum()), rel=1e-5)
+        want = base[1:3].astype(np.float64) * 3
+        # a sum that may cancel: the error bound scales with the sum of magnitudes
+        assert got == pytest.approx(want.sum(), abs=1e-6 * np.abs(want).sum())
 
 
 def test_assign_inside_replays_each_input(device: str) -> None:
@@ -118,7 +120,7 @@ def test_assign_inside_replays_each_input(device: str) -> None:
         state.assign(v)
         return state * 1
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     for _ in range(4):
         v = rng.standard_normal(2).astype(np.float32)
         np.testing.assert_allclose(remember(ag.tensor(v, device=device)).numpy(), v)
@@ -135,7 +137,7 @@ def test_transfers_between_devices_replay(devices: list[str]) -> None:
     def roundtrip(v: ag.Tensor) -> ag.Tensor:
         return (v.to(there) * 2).to(here) + 1
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     for _ in range(4):
         v = rng.standard_normal(3).astype(np.float32)
         np.testing.assert_allclose(roundtrip(ag.tensor(v, device=here)).numpy(), v * 2 + 1,
@@ -145,7 +147,7 @@ def test_transfers_between_devices_replay(devices: list[str]) -> None:
 def test_view_outputs_replay(device: str) -> None:
     """An output that is a view of computed memory (a 0-d sum) comes back on every replay."""
     fn = ag.jit(lambda v: (v * 2).sum())
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     for _ in range(4):
         v = rng.standard_normal(5).astype(np.float32)
         np.testing.assert_allclose(fn(ag.tensor(v, device=device)).item(), (v * 2).sum(),

@@ -53,7 +53,7 @@ def _data(make: Callable[[np.random.Generator], np.ndarray], seed: int) -> list[
 def test_parameters_follow_pytorch(device: str, name: str, build: Callable[[Any], Any],
                                    make: Callable[[np.random.Generator], np.ndarray],
                                    opt_name: str, use_jit: bool) -> None:
-    seed = int(np.random.default_rng().integers(2**31))
+    seed = 1234
     torch.manual_seed(seed)
     theirs = build(torch.nn)
     with torch.no_grad():  # affine norms start at ones/zeros: move them off so every term shows
