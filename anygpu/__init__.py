@@ -8,6 +8,7 @@
 from anygpu.dtype import (DType, bfloat16, bool_, float16, float32, int8, int32, int64, uint8)
 from anygpu.graph.jit import jit
 from anygpu.ops.grad import enable_grad, no_grad
+from anygpu.ops.linalg import get_float32_matmul_precision, set_float32_matmul_precision
 from anygpu.runtime.base import DeviceError, OutOfMemoryError, UnsupportedError
 from anygpu.runtime.registry import BackendUnavailable, get_device
 from anygpu.tensor import (Tensor, arange, cat, eye, full, full_like, linspace, manual_seed, ones,
@@ -30,4 +31,5 @@ __all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like
            "bfloat16", "int8", "uint8",
            "int32", "int64", "bool_", "float", "half", "long", "int", "bool", "get_device",
            "DeviceError", "OutOfMemoryError", "UnsupportedError", "BackendUnavailable",
-           "nn", "optim", "__version__"]
+           "nn", "optim", "set_float32_matmul_precision", "get_float32_matmul_precision",
+           "__version__"]

@@ -4,8 +4,9 @@
 
 For each device and dtype: C = A @ B with square operands of ``--size`` (4096 by default), timed
 as the one kernel anygpu launches for it (launches queued back to back, median of several rounds),
-in TFLOP/s (2 * M * N * K per product), beside ``torch.matmul`` on the same GPU with TF32 off
-(exact float32) timed the same way. The result is checked against PyTorch's first. Also a
+in TFLOP/s (2 * M * N * K per product), beside ``torch.matmul`` on the same GPU timed the same
+way: float32 exact on both sides, tf32 with ``set_float32_matmul_precision("high")`` here and
+``allow_tf32`` there, float16 and bfloat16. The result is checked against PyTorch's first. Also a
 transposed operand (A.T @ B) and a fused epilogue ((A @ B + bias).relu()), each one kernel.
 """
 
@@ -81,9 +82,13 @@ def run(devices: list[str], size: int, reps: int) -> list[dict]:
         have_torch = False
     for device in devices:
         dev = get_device(device)
-        for dtype in (ag.float32, ag.float16, ag.bfloat16):
+        for precision in ("float32", "tf32", "float16", "bfloat16"):
+            dtype = ag.float32 if precision == "tf32" else getattr(ag, precision)
             if not dev.supports(dtype):
                 continue
+            ag.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+            if have_torch:
+                torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
             a = ag.tensor(a_host, device=device).cast(dtype).realize()
             b = ag.tensor(b_host, device=device).cast(dtype).realize()
             bias = ag.tensor(bias_host, device=device).cast(dtype).realize()
@@ -93,7 +98,7 @@ def run(devices: list[str], size: int, reps: int) -> list[dict]:
                 name = launch.name
                 seconds = _median_time(launch, dev.synchronize, reps)
                 out.realize()
-                row: dict[str, Any] = {"device": device, "dtype": dtype.name, "case": label,
+                row: dict[str, Any] = {"device": device, "dtype": precision, "case": label,
                                        "n": n, "kernel": name, "ms": seconds * 1e3,
                                        "tflops": flops / seconds / 1e12}
                 if have_torch:
@@ -111,7 +116,7 @@ def run(devices: list[str], size: int, reps: int) -> list[dict]:
                                torch_tflops=flops / ts / 1e12 if ts else None,
                                ratio=(ts / seconds) if ts else None, max_rel_err=err)
                 rows.append(row)
-                line = (f"{device:8s} {dtype.name:9s} {label:24s} {row['ms']:8.3f} ms "
+                line = (f"{device:8s} {precision:9s} {label:24s} {row['ms']:8.3f} ms "
                         f"{row['tflops']:7.2f} TFLOP/s")
                 if row.get("torch_ms"):
                     line += (f" | torch {row['torch_ms']:8.3f} ms {row['torch_tflops']:7.2f} "

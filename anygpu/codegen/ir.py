@@ -211,6 +211,8 @@ class LocalArray:
     name: str
     dtype: DType
     size: int
+    stored: bool = False  # elements kept in the dtype's storage type (half for float16), not
+    # its compute type: what tensor-core operands read
 
 
 @dataclass
@@ -224,7 +226,21 @@ class VecLoad:
     index: Expr
 
 
-Stmt = Decl | Assign | Store | For | If | Barrier | LocalArray | VecLoad
+@dataclass
+class Mma:
+    """A warp's matrix multiply-accumulate on tensor cores (CUDA's ``mma.sync``): ``acc`` (four
+    float32 variables per thread) += A (16 x k) @ B (k x 8), with ``shape`` "m16n8k16" (float16,
+    bfloat16) or "m16n8k8" (tf32 from float32). ``a`` and ``b`` name the local-array elements
+    holding each thread's fragment registers (32 bits each: two halves, or one float32)."""
+
+    shape: str
+    dtype: DType
+    acc: list[str]
+    a: list[tuple[str, Expr]]
+    b: list[tuple[str, Expr]]
+
+
+Stmt = Decl | Assign | Store | For | If | Barrier | LocalArray | VecLoad | Mma
 
 
 @dataclass

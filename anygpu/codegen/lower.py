@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from anygpu.codegen import ir, sym
-from anygpu.codegen.templates import gemm
+from anygpu.codegen.templates import gemm, mma
 from anygpu.dtype import DType, int32, int64, min_value
 from anygpu.graph.lazy import Lazy
 from anygpu.ops.primitives import ELEMENTWISE, MOVEMENT, REDUCE, Op
@@ -380,8 +380,11 @@ def _accumulate(stage: Stage, name: str) -> ir.Stmt:
     return ir.Assign(name, ir.alu(REDUCE_ALU[stage.op], ir.var(name, stage.dtype), stage.value))
 
 
-def to_ir(ast: KernelAST, dialect: str, max_local: int = 256) -> ir.Kernel:
-    """Choose loops for the kernel on a device: plain loops on cpu, work-groups on GPUs."""
+def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
+          features: dict | None = None) -> ir.Kernel:
+    """Choose loops for the kernel on a device: plain loops on cpu, work-groups on GPUs.
+    ``features`` describes the device beyond its dialect: "cc" (CUDA compute capability) and
+    "tf32" (whether float32 products may use tf32 tensor cores)."""
     params = [ir.Param("b0", ast.output.dtype, True)] + \
         [ir.Param(f"b{i + 1}", n.dtype, False) for i, n in enumerate(ast.inputs)]
     outer_total = math.prod(d[1] for d in ast.outer)
@@ -394,6 +397,13 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256) -> ir.Kernel:
         body = _cpu_body(ast, store, outer_total)
         return ir.Kernel(name, params, body, 1, 1, {"bytes": kernel_bytes(ast)})
     contraction = gemm.match(ast)
+    features = features or {}
+    if contraction is not None:
+        mma_opts = mma.choose(contraction, dialect, features.get("cc", (0, 0)),
+                              features.get("tf32", False), max_local)
+        if mma_opts is not None:
+            return mma.build(ast, contraction, mma_opts, params, "gemm_" + sizes,
+                             {"bytes": kernel_bytes(ast)})
     opts = gemm.choose(contraction, max_local) if contraction is not None else None
     if contraction is not None and opts is not None:
         return gemm.build(ast, contraction, opts, params, "gemm_" + sizes,

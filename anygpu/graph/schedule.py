@@ -23,6 +23,7 @@ from anygpu.codegen.render.cstyle import render
 from anygpu.codegen.render.wgsl import launch_groups
 from anygpu.dtype import DType, bfloat16
 from anygpu.graph.lazy import Lazy, is_view_of_buffer, pending_readers
+from anygpu.ops.linalg import get_float32_matmul_precision
 from anygpu.ops.primitives import Op
 from anygpu.runtime.base import Buffer, Device, Program
 from anygpu.runtime.registry import get_device
@@ -258,12 +259,14 @@ def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
     ast = item.ast
     node = ast.output
     device = get_device(node.device)
-    key = (item.signature, device.name)
+    features = {"cc": device.info.extra.get("cc", (0, 0)),
+                "tf32": get_float32_matmul_precision() != "highest"}
+    key = (item.signature, device.name, features["tf32"])
     hit = _compiled.get(key) if item.signature else None
     if hit is None:
         for p in [node, *ast.inputs]:
             device.check_dtype(p.dtype)
-        kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size)
+        kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size, features)
         source = render(kernel, device.dialect)
         if config.get().debug >= 2:
             print(source, file=sys.stderr)

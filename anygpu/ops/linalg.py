@@ -12,6 +12,23 @@ if TYPE_CHECKING:
     from anygpu.tensor import Tensor
 
 
+_PRECISIONS = ("highest", "high", "medium")
+_float32_matmul = ["highest"]
+
+
+def set_float32_matmul_precision(precision: str) -> None:
+    """PyTorch's switch for float32 products: "highest" (the default) computes them exactly in
+    float32; "high" and "medium" allow tensor cores in tf32 (10 bits of mantissa per operand,
+    float32 accumulation) where the device has them."""
+    if precision not in _PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(_PRECISIONS)}, got {precision!r}")
+    _float32_matmul[0] = precision
+
+
+def get_float32_matmul_precision() -> str:
+    return _float32_matmul[0]
+
+
 def matmul(a: "Tensor", b: "Tensor") -> "Tensor":
     """PyTorch's ``matmul``: vector, matrix and batched (broadcast) products."""
     from anygpu.tensor import Tensor, broadcast_shapes

@@ -117,3 +117,47 @@ def test_nan_and_inf_propagate(device: str) -> None:
     want = (torch.from_numpy(a) @ torch.from_numpy(b)).numpy()
     np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
     np.testing.assert_array_equal(np.isinf(out), np.isinf(want))
+
+
+def test_float32_matmul_precision(device: str) -> None:
+    """"highest" (the default) is exact float32; "high" allows tf32 tensor cores where the device
+    has them (CUDA, compute capability 8.0 and newer), elsewhere it changes nothing."""
+    assert ag.get_float32_matmul_precision() == "highest"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        ag.set_float32_matmul_precision("fast")
+    a, b = _rand((192, 160), 19), _rand((160, 136), 20)
+    want = torch.from_numpy(a).double() @ torch.from_numpy(b).double()
+    ag.set_float32_matmul_precision("high")
+    try:
+        out = ag.tensor(a, device=device) @ ag.tensor(b, device=device)
+        dev = get_device(device)
+        cc = dev.info.extra.get("cc", (0, 0))
+        tensor_cores = dev.dialect == "cuda" and cc >= (8, 0)
+        item = [i for i in schedule([out.lazy]) if isinstance(i, KernelItem)][0]
+        kernel = lower.to_ir(item.ast, dev.dialect, dev.info.max_local_size,
+                             {"cc": cc, "tf32": True})
+        assert ("tensor cores" in kernel.meta.get("template", "")) == tensor_cores
+        got = out.numpy().astype(np.float64)
+        scale = float(np.abs(want.numpy()).max())
+        # tf32 keeps 10 bits of each operand's mantissa; exact float32 far more
+        bound = 4e-3 if tensor_cores else 1e-5
+        assert np.abs(got - want.numpy()).max() <= bound * scale
+    finally:
+        ag.set_float32_matmul_precision("highest")
+
+
+def test_tensor_core_kernel_renders() -> None:
+    """The tf32 tensor-core kernel as CUDA renders it (checked here without a GPU; the GPU check
+    runs it): one mma.sync per 16 x 8 fragment and k-step, operands from padded local tiles."""
+    from anygpu.codegen.render.cstyle import render
+
+    a = ag.tensor(_rand((256, 128), 21))
+    b = ag.tensor(_rand((128, 256), 22))
+    item = [i for i in schedule([((a @ b) + 1).lazy]) if isinstance(i, KernelItem)][0]
+    kernel = lower.to_ir(item.ast, "cuda", 1024, {"cc": (9, 0), "tf32": True})
+    assert kernel.local == 256 and "tensor cores (tf32)" in kernel.meta["template"]
+    source = render(kernel, "cuda")
+    assert source.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") == 16
+    assert "__shared__ __align__(16) float xs[" in source
+    simt = lower.to_ir(item.ast, "cuda", 1024, {"cc": (7, 5), "tf32": True}).meta["template"]
+    assert "tensor cores" not in simt and "per thread" in simt  # before sm_80: the SIMT one

@@ -55,6 +55,7 @@ class CStyleRenderer:
         self.scope = _Scope(None)
         self.depth = 1
         self.locals: set[str] = set()
+        self.stored_locals: dict[str, DType] = {}
         self.params: dict[str, ir.Param] = {}
         self.kernel: ir.Kernel | None = None
 
@@ -279,7 +280,9 @@ class CStyleRenderer:
             self.emit(f"{st.name} = {self.expr(st.value)};")
         elif isinstance(st, ir.Store):
             index, value = self.expr(st.index), self.expr(st.value)
-            if st.buf in self.locals:
+            if st.buf in self.stored_locals:
+                self.emit(self.store_global(st.buf, self.stored_locals[st.buf], index, value))
+            elif st.buf in self.locals:
                 self.emit(f"{st.buf}[{index}] = {value};")
             else:
                 self.emit(self.store_global(st.buf, self.params[st.buf].dtype, index, value))
@@ -301,11 +304,17 @@ class CStyleRenderer:
         elif isinstance(st, ir.VecLoad):
             for line in self.vector_load(st, self.expr(st.index, True)):
                 self.emit(line)
+        elif isinstance(st, ir.Mma):
+            self.emit(self.mma(st, [self.expr(i) for _, i in st.a],
+                               [self.expr(i) for _, i in st.b]))
         else:
             raise AssertionError(st)
 
     def declare_var(self, name: str, dtype: DType, init: str) -> str:
         return f"{self.compute_type(dtype)} {name} = {init};"
+
+    def mma(self, st: ir.Mma, a: list[str], b: list[str]) -> str:
+        raise NotImplementedError(f"tensor-core mma is not available in {self.dialect}")
 
     def vector_load(self, st: ir.VecLoad, index: str) -> list[str]:
         """Scalar loads; dialects with vector types override this."""
@@ -338,6 +347,8 @@ class CStyleRenderer:
         self.kernel = kernel
         self.params = {p.name: p for p in kernel.params}
         self.locals = kernel.local_names
+        self.stored_locals = {s.name: s.dtype for s in kernel.body
+                              if isinstance(s, ir.LocalArray) and s.stored}
         self.count_refs(kernel.body)
         self.lines = []
         self.depth = 0
@@ -366,6 +377,8 @@ def _stmt_exprs(st: ir.Stmt) -> list[ir.Expr]:
         return [st.cond]
     if isinstance(st, ir.VecLoad):
         return [st.index]
+    if isinstance(st, ir.Mma):
+        return [i for _, i in st.a + st.b]
     return []
 
 

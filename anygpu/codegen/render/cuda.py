@@ -53,7 +53,20 @@ class CUDARenderer(CStyleRenderer):
         return super().store_global(buf, dtype, index, value)
 
     def local_array(self, st: ir.LocalArray) -> str:  # aligned for vector loads
-        return f"__shared__ __align__(16) {self.compute_type(st.dtype)} {st.name}[{st.size}];"
+        t = self.storage_type(st.dtype) if st.stored else self.compute_type(st.dtype)
+        return f"__shared__ __align__(16) {t} {st.name}[{st.size}];"
+
+    def mma(self, st: ir.Mma, a: list[str], b: list[str]) -> str:
+        kind = {float16: "f16", bfloat16: "bf16"}.get(st.dtype, "tf32")
+        ops = ", ".join(f'"+f"({c})' for c in st.acc)
+        regs = [f'"r"(*reinterpret_cast<const unsigned*>(&{buf}[{i}]))'
+                for (buf, _), i in zip(st.a + st.b, a + b)]
+        na = len(st.a)
+        a_list = ",".join(f"%{4 + i}" for i in range(na))
+        b_list = ",".join(f"%{4 + na + i}" for i in range(len(st.b)))
+        return (f'asm volatile("mma.sync.aligned.{st.shape}.row.col.f32.{kind}.{kind}.f32 '
+                f'{{%0,%1,%2,%3}}, {{{a_list}}}, {{{b_list}}}, {{%0,%1,%2,%3}};" : {ops} : '
+                f'{", ".join(regs)});')
 
     def vector_load(self, st: ir.VecLoad, index: str) -> list[str]:
         n = len(st.names)

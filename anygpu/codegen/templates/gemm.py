@@ -161,9 +161,18 @@ def choose(c: Contraction, max_local: int) -> GemmOptions | None:
     return opts if opts.threads <= max_local else None
 
 
-def _clamped(v: ir.Expr, size: int) -> ir.Expr:
+def clamped(v: ir.Expr, size: int) -> ir.Expr:
+    """``v`` limited to [0, size): staging reads a valid address, then discards the value."""
     top = ir.const(size - 1, v.dtype)
     return ir.alu("where", ir.alu("lt", top, v), top, v)
+
+
+def element_env(batch: dict[str, ir.Expr], outer: str, outer_value: ir.Expr, k: str,
+                k_value: ir.Expr) -> dict[str, ir.Expr]:
+    """The variables of an operand's expression at one element of its tile."""
+    env = dict(batch)
+    env[outer], env[k] = outer_value, k_value
+    return env
 
 
 def build(ast, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: str,
@@ -226,9 +235,7 @@ def build(ast, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: 
             o = ir.alu("add", ir.alu("mul", tile, const(outer_block)), oo)
             kg = ir.alu("add", k_step, kk)
             inside = ir.alu("and", ir.alu("lt", o, const(outer[1])), ir.alu("lt", kg, const(K)))
-            env = dict(batch_env)
-            env[outer[0]] = _clamped(o, outer[1])
-            env[k_name] = _clamped(kg, K)
+            env = element_env(batch_env, outer[0], clamped(o, outer[1]), k_name, clamped(kg, K))
             v = ir.substitute(value, env)
             v = ir.alu("where", inside, ir.cast(v, acc_dtype), ir.const(0, acc_dtype))
             local = ir.alu("add", ir.alu("mul", kk, const(outer_block + PAD)), oo)
