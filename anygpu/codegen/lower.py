@@ -14,6 +14,7 @@ one flat index are merged, so a contiguous elementwise chain is a flat 1-D loop.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from anygpu.codegen import ir, sym
 from anygpu.codegen.templates import gemm, mma
 from anygpu.dtype import DType, int32, int64, min_value
+from anygpu.dtype import float32 as ir_float32
 from anygpu.graph.lazy import Lazy
 from anygpu.ops.primitives import ELEMENTWISE, MOVEMENT, REDUCE, Op
 
@@ -394,6 +396,11 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
     name = ("r_" if ast.reduce else "e_") + sizes
     store = ir.Store("b0", ast.out_index, ast.out_value)
     if dialect == "c":
+        contraction = gemm.match(ast)
+        plan = gemm.host_plan(ast, contraction) if contraction is not None and \
+            contraction.m[1] * contraction.n[1] * contraction.k[1] >= 1 << 12 else None
+        if plan is not None:
+            return _host_contraction(ast, plan, params, "gemm_" + sizes)
         body = _cpu_body(ast, store, outer_total)
         return ir.Kernel(name, params, body, 1, 1, {"bytes": kernel_bytes(ast)})
     contraction = gemm.match(ast)
@@ -425,6 +432,26 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
     if (ast.dims[-1][2] or outer_total < 2048) and outer_total > 0:  # else bound-checked
         return _group_per_output(ast, name, params, store, outer_total, red_total, max_local)
     return _thread_per_output(ast, name, params, store, outer_total, red_total, max_local)
+
+
+def _host_contraction(ast: KernelAST, plan: gemm.HostPlan, params: list[ir.Param],
+                      name: str) -> ir.Kernel:
+    """The processor's contraction: the product comes from its BLAS (``meta["host_contraction"]``:
+    the runtime computes it into a scratch buffer, the kernel's last parameter, laid out as the
+    outer dims), and the kernel is the epilogue alone, reading the product where the sum was."""
+    dt = ast.index_dtype
+    outer = ast.outer
+    flat: ir.Expr = ir.const(0, dt)
+    for (var, _, _), stride in zip(outer, sym.strides_of(tuple(d[1] for d in outer))):
+        flat = ir.alu("add", flat, ir.alu("mul", ir.var(var, dt), ir.const(stride, dt)))
+    scratch = f"b{len(params)}"
+    product = ir.cast(ir.load(scratch, ir_float32, flat), ast.stages[0].dtype)
+    value = ir.substitute(ast.out_value, {"acc0": product})
+    epilogue = dataclasses.replace(ast, dims=list(outer), stages=[], out_value=value)
+    store = ir.Store("b0", ast.out_index, value)
+    body = _cpu_body(epilogue, store, math.prod(d[1] for d in outer))
+    return ir.Kernel(name, params + [ir.Param(scratch, ir_float32, False)], body, 1, 1,
+                     {"bytes": kernel_bytes(ast), "host_contraction": plan})
 
 
 def _reduce_loop(ast: KernelAST, start: ir.Expr, step: ir.Expr, total: int,

@@ -270,7 +270,10 @@ def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
         source = render(kernel, device.dialect)
         if config.get().debug >= 2:
             print(source, file=sys.stderr)
-        hit = (device.program(source, kernel.name), kernel)
+        program = device.program(source, kernel.name)
+        if "host_contraction" in kernel.meta:
+            program = device.contraction_program(program, kernel.meta["host_contraction"])
+        hit = (program, kernel)
         if item.signature:
             _compiled[key] = hit
     program, kernel = hit

@@ -241,6 +241,12 @@ class Device:
             raise UnsupportedError(f"dtype {dtype.name} is not supported on {self.name} "
                                    f"({self.info.name})")
 
+    def contraction_program(self, epilogue: Program, plan: Any) -> Program:
+        """A program that computes a contraction with the device's own library first
+        (``plan``: codegen.templates.gemm.HostPlan) and then runs ``epilogue`` on it."""
+        raise UnsupportedError(f"{self.name}: contractions through a host library are not "
+                               "available on this device")
+
     def program(self, source: str, name: str) -> Program:
         """Compile (or fetch from the memory and disk caches) and load a kernel."""
         key = (name, source)

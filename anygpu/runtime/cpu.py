@@ -73,6 +73,44 @@ class CPUProgram(Program):
         return time.perf_counter() - start if wait else None
 
 
+class _Scratch:
+    """A host array passed to a kernel as a buffer."""
+
+    def __init__(self, array: np.ndarray):
+        self.handle = array
+
+
+class HostContraction(Program):
+    """A contraction on the processor: the product through NumPy's BLAS (``plan``: a
+    codegen.templates.gemm.HostPlan) on strided views of the input buffers, in float32, then the
+    compiled epilogue kernel, which reads the product as its last buffer."""
+
+    def __init__(self, device: "CPUDevice", epilogue: CPUProgram, plan: Any):
+        super().__init__(device, epilogue.name)
+        self.epilogue, self.plan = epilogue, plan
+
+    def _view(self, buffers: Sequence[Buffer], operand: Any, shape: tuple[int, ...]) -> np.ndarray:
+        data = buffers[int(operand.param[1:])].handle.view(np.float32)
+        itemsize = data.itemsize
+        return np.lib.stride_tricks.as_strided(
+            data[operand.offset:], shape=shape,
+            strides=tuple(s * itemsize for s in operand.strides), writeable=False)
+
+    def __call__(self, buffers: Sequence[Buffer], groups: Sequence[int] = (1,),
+                 local: Sequence[int] = (1,), wait: bool = False) -> float | None:
+        plan = self.plan
+        start = time.perf_counter()
+        batch = tuple(size for _, size in plan.batch)
+        (m_name, m), (n_name, n), (_, k) = plan.m, plan.n, plan.k
+        x = self._view(buffers, plan.x, batch + (m, k))
+        y = self._view(buffers, plan.y, batch + (k, n))
+        product = np.matmul(x, y)
+        names = [name for name, _ in plan.batch] + [m_name, n_name]
+        product = np.ascontiguousarray(product.transpose([names.index(o) for o in plan.order]))
+        self.epilogue([*buffers, _Scratch(product.reshape(-1))])  # type: ignore[list-item]
+        return time.perf_counter() - start if wait else None
+
+
 class CPUDevice(Device):
     backend = "cpu"
     dialect = "c"
@@ -136,6 +174,10 @@ class CPUDevice(Device):
         finally:
             os.unlink(path)  # the mapping stays valid after the file is gone
         return CPUProgram(self, name, lib, path)
+
+    def contraction_program(self, epilogue: Program, plan: Any) -> Program:
+        assert isinstance(epilogue, CPUProgram)
+        return HostContraction(self, epilogue, plan)
 
     def synchronize(self) -> None:
         pass

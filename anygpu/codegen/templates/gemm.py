@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from anygpu.codegen import ir
+from anygpu.dtype import float32
 
 
 VEC = 4  # local-memory reads of 4 neighbouring values at once (one instruction where it can)
@@ -322,3 +323,64 @@ def build(ast, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: 
     rest_body = [s for s in body if not isinstance(s, ir.LocalArray)]
     meta = dict(meta, template=f"gemm {opts.describe()}")
     return ir.Kernel(name, params, arrays + rest_body, groups, threads, meta)
+
+
+@dataclass
+class Operand:
+    """A contraction operand read straight from an input buffer: ``param`` (b1, b2, ...), the
+    element offset, and the element strides along (batch..., rows, k) or (batch..., k, cols)."""
+
+    param: str
+    offset: int
+    strides: tuple[int, ...]
+
+
+@dataclass
+class HostPlan:
+    """A contraction the processor hands to its BLAS: ``x`` (batch..., M, K) @ ``y``
+    (batch..., K, N) into a float32 scratch laid out as the kernel's outer dims (``order``, names
+    of batch, m and n variables), which the epilogue kernel reads as its last parameter."""
+
+    x: Operand
+    y: Operand
+    batch: list[tuple[str, int]]
+    m: tuple[str, int]
+    n: tuple[str, int]
+    k: tuple[str, int]
+    order: list[str]
+
+
+def _operand(e: ir.Expr, axes: list[tuple[str, int]]) -> Operand | None:
+    """``e`` as a plain float32 load whose index is exactly linear in ``axes``, else None."""
+    if e.op != "load" or len(e.srcs) != 1 or e.dtype != float32:
+        return None
+    index = e.srcs[0]
+    base = _evaluate(index, {})
+    if base is None or base < 0:
+        return None
+    strides = []
+    for name, _ in axes:
+        at = _evaluate(index, {name: 1})
+        if at is None or at - base < 0:
+            return None
+        strides.append(at - base)
+    # the linear model must hold at the far corner and along each axis's end too
+    points = [{name: size - 1 for name, size in axes}] + [{name: size - 1} for name, size in axes]
+    for env in points:
+        want = base + sum(s * env.get(name, 0) for s, (name, _) in zip(strides, axes))
+        if _evaluate(index, env) != want:
+            return None
+    return Operand(e.arg, base, tuple(strides))
+
+
+def host_plan(ast, c: Contraction) -> HostPlan | None:
+    """The contraction as a BLAS call on the processor, where both operands are plain float32
+    loads with linear indices (a transposed or broadcast view is fine; a padded or computed
+    operand is not) and the product accumulates in float32."""
+    if ast.stages[0].dtype != float32:
+        return None
+    x = _operand(c.x, c.batch + [c.m, c.k])
+    y = _operand(c.y, c.batch + [c.k, c.n])
+    if x is None or y is None:
+        return None
+    return HostPlan(x, y, c.batch, c.m, c.n, c.k, [name for name, _, _ in ast.outer])
