@@ -78,7 +78,10 @@ class CUDARenderer(CStyleRenderer):
 
     def signature(self, kernel: ir.Kernel) -> str:
         sig = super().signature(kernel)
-        return sig.replace("void ", f"void __launch_bounds__({kernel.local}) ", 1)
+        # a kernel may ask for several resident work-groups per SM (registers are capped to fit)
+        blocks = kernel.meta.get("min_blocks")
+        bounds = f"{kernel.local}, {blocks}" if blocks else f"{kernel.local}"
+        return sig.replace("void ", f"void __launch_bounds__({bounds}) ", 1)
 
     def prelude(self, kernel: ir.Kernel) -> list[str]:
         lines = []

@@ -44,6 +44,7 @@ class GemmOptions:
     thread_m: int = 8
     thread_n: int = 8
     prefetch: bool = True
+    min_blocks: int = 2  # work-groups resident per SM that the compiler must leave room for
 
     @property
     def threads(self) -> int:
@@ -51,7 +52,8 @@ class GemmOptions:
 
     def describe(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k} tiles, {self.thread_m}x"
-                f"{self.thread_n} per thread{', prefetch' if self.prefetch else ''}")
+                f"{self.thread_n} per thread{', prefetch' if self.prefetch else ''}, "
+                f"{self.min_blocks} groups per SM")
 
 
 @dataclass
@@ -321,7 +323,7 @@ def build(ast, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: 
             body.append(ir.If(inside, [ir.Store("b0", index, value)]))
     arrays = [s for s in body if isinstance(s, ir.LocalArray)]
     rest_body = [s for s in body if not isinstance(s, ir.LocalArray)]
-    meta = dict(meta, template=f"gemm {opts.describe()}")
+    meta = dict(meta, template=f"gemm {opts.describe()}", min_blocks=opts.min_blocks)
     return ir.Kernel(name, params, arrays + rest_body, groups, threads, meta)
 
 
