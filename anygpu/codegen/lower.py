@@ -398,7 +398,7 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
     if dialect == "c":
         contraction = gemm.match(ast)
         plan = gemm.host_plan(ast, contraction) if contraction is not None and \
-            contraction.m[1] * contraction.n[1] * contraction.k[1] >= 1 << 12 else None
+            contraction.M * contraction.N * contraction.K >= 1 << 12 else None
         if plan is not None:
             return _host_contraction(ast, plan, params, "gemm_" + sizes)
         body = _cpu_body(ast, store, outer_total)

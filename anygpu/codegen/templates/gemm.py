@@ -56,18 +56,36 @@ class GemmOptions:
                 f"{self.min_blocks} groups per SM")
 
 
+Dims = list[tuple[str, int]]
+
+
 @dataclass
 class Contraction:
-    """A kernel recognized as a batched matrix product (variables are the AST's dims)."""
+    """A kernel recognized as a batched matrix product. Its rows, columns and k may each be
+    several of the AST's variables (a convolution's rows are batch, height and width; its k is
+    channels and the filter's height and width): the template walks their flattened index and
+    splits it back into the variables (an implicit GEMM)."""
 
-    m: tuple[str, int]
-    n: tuple[str, int]
-    k: tuple[str, int]
-    batch: list[tuple[str, int]]
+    ms: Dims  # outer variables only x depends on, outermost first
+    ns: Dims  # outer variables only y depends on
+    ks: Dims  # the reduce variables
+    batch: Dims  # outer variables both depend on
     x: ir.Expr  # the factor that varies with m and k
     y: ir.Expr  # the factor that varies with k and n
     x_contiguous_k: bool  # whether x's neighbouring elements in memory are along k (else m)
     y_contiguous_n: bool  # whether y's are along n (else k)
+
+    @property
+    def M(self) -> int:
+        return math.prod(s for _, s in self.ms)
+
+    @property
+    def N(self) -> int:
+        return math.prod(s for _, s in self.ns)
+
+    @property
+    def K(self) -> int:
+        return math.prod(s for _, s in self.ks)
 
 
 def _vars(e: ir.Expr, memo: dict[int, frozenset[str]]) -> frozenset[str]:
@@ -127,7 +145,7 @@ def _stride(e: ir.Expr, var: str) -> int | None:
 
 def match(ast) -> Contraction | None:  # ast: lower.KernelAST (not imported: lower imports us)
     """The contraction in ``ast``, or None if it is not a (batched) matrix product."""
-    if len(ast.stages) != 1 or not ast.reduced_output or len(ast.reduce) != 1:
+    if len(ast.stages) != 1 or not ast.reduced_output or not ast.reduce:
         return None
     stage = ast.stages[0]
     if stage.op.name != "SUM" or stage.value.op != "mul" or not stage.dtype.is_float:
@@ -135,26 +153,26 @@ def match(ast) -> Contraction | None:  # ast: lower.KernelAST (not imported: low
     x, y = stage.value.srcs
     memo: dict[int, frozenset[str]] = {}
     vx, vy = _vars(x, memo), _vars(y, memo)
-    k_name, k_size, _ = ast.reduce[0]
-    if k_name not in vx or k_name not in vy:
+    ks = [(name, size) for name, size, _ in ast.reduce]
+    if any(name not in vx or name not in vy for name, _ in ks):
         return None
     outer = [(name, size) for name, size, _ in ast.outer]
-    only_x = [d for d in outer if d[0] in vx and d[0] not in vy]
-    only_y = [d for d in outer if d[0] in vy and d[0] not in vx]
+    ms = [d for d in outer if d[0] in vx and d[0] not in vy]
+    ns = [d for d in outer if d[0] in vy and d[0] not in vx]
     both = [d for d in outer if d[0] in vx and d[0] in vy]
-    if len(only_x) != 1 or len(only_y) != 1 or len(both) + 2 != len(outer):
+    if not ms or not ns or len(both) + len(ms) + len(ns) != len(outer):
         return None
-    m, n = only_x[0], only_y[0]
-    sxk, sxm = _stride(x, k_name), _stride(x, m[0])
-    syn, syk = _stride(y, n[0]), _stride(y, k_name)
-    return Contraction(m, n, (k_name, k_size), both, x, y,
+    k_inner = ks[-1][0]
+    sxk, sxm = _stride(x, k_inner), _stride(x, ms[-1][0])
+    syn, syk = _stride(y, ns[-1][0]), _stride(y, k_inner)
+    return Contraction(ms, ns, ks, both, x, y,
                        x_contiguous_k=sxk == 1 or sxm != 1, y_contiguous_n=syn == 1 or syk != 1)
 
 
 def choose(c: Contraction, max_local: int) -> GemmOptions | None:
     """Default options for a contraction on a device, or None where the template does not pay
     (small products stay with the generic reduction)."""
-    (_, m), (_, n), (_, k) = c.m, c.n, c.k
+    m, n, k = c.M, c.N, c.K
     if m < 32 or n < 32 or k < 8 or m * n * k < 1 << 18:
         return None
     if m * n >= 1 << 20:
@@ -170,11 +188,21 @@ def clamped(v: ir.Expr, size: int) -> ir.Expr:
     return ir.alu("where", ir.alu("lt", top, v), top, v)
 
 
-def element_env(batch: dict[str, ir.Expr], outer: str, outer_value: ir.Expr, k: str,
+def split(dims: Dims, flat: ir.Expr) -> dict[str, ir.Expr]:
+    """Each variable of ``dims`` (row-major, outermost first) from their flattened index."""
+    env: dict[str, ir.Expr] = {}
+    for i, (name, size) in enumerate(reversed(dims)):
+        env[name] = flat if i == len(dims) - 1 else ir.alu("mod", flat, ir.const(size, flat.dtype))
+        flat = ir.alu("idiv", flat, ir.const(size, flat.dtype))
+    return env
+
+
+def element_env(batch: dict[str, ir.Expr], outer: Dims, outer_value: ir.Expr, ks: Dims,
                 k_value: ir.Expr) -> dict[str, ir.Expr]:
     """The variables of an operand's expression at one element of its tile."""
     env = dict(batch)
-    env[outer], env[k] = outer_value, k_value
+    env.update(split(outer, outer_value))
+    env.update(split(ks, k_value))
     return env
 
 
@@ -182,7 +210,7 @@ def build(ast, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: 
           meta: dict) -> ir.Kernel:
     """The kernel IR of ``ast`` through the template."""
     dt = ast.index_dtype
-    (m_name, M), (n_name, N), (k_name, K) = c.m, c.n, c.k
+    M, N, K = c.M, c.N, c.K
     BM, BN, BK, TM, TN = opts.block_m, opts.block_n, opts.block_k, opts.thread_m, opts.thread_n
     cols = BN // TN  # threads along n
     rows = BM // TM
@@ -223,7 +251,7 @@ def build(ast, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: 
 
     # the elements each thread stages: element e = lid + threads * j of the tile, laid out so
     # that neighbouring threads read neighbouring addresses of the operand
-    def staged(value: ir.Expr, outer: tuple[str, int], outer_block: int, tile: ir.Expr,
+    def staged(value: ir.Expr, outer: Dims, outer_block: int, tile: ir.Expr,
                contiguous_k: bool, k_step: ir.Expr) -> list[tuple[ir.Expr, ir.Expr, ir.Expr]]:
         """(local index, value, in-range) for each element this thread stages of one operand
         tile (local layout: [k][outer])."""
@@ -237,8 +265,9 @@ def build(ast, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: 
                 kk, oo = ir.alu("idiv", e, const(outer_block)), ir.alu("mod", e, const(outer_block))
             o = ir.alu("add", ir.alu("mul", tile, const(outer_block)), oo)
             kg = ir.alu("add", k_step, kk)
-            inside = ir.alu("and", ir.alu("lt", o, const(outer[1])), ir.alu("lt", kg, const(K)))
-            env = element_env(batch_env, outer[0], clamped(o, outer[1]), k_name, clamped(kg, K))
+            size = math.prod(s for _, s in outer)
+            inside = ir.alu("and", ir.alu("lt", o, const(size)), ir.alu("lt", kg, const(K)))
+            env = element_env(batch_env, outer, clamped(o, size), c.ks, clamped(kg, K))
             v = ir.substitute(value, env)
             v = ir.alu("where", inside, ir.cast(v, acc_dtype), ir.const(0, acc_dtype))
             local = ir.alu("add", ir.alu("mul", kk, const(outer_block + PAD)), oo)
@@ -248,8 +277,8 @@ def build(ast, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: 
         return out
 
     def stage_tile(k_step: ir.Expr) -> list[tuple[str, ir.Expr, ir.Expr, ir.Expr]]:
-        parts = [("xs", *t) for t in staged(c.x, c.m, BM, tm, c.x_contiguous_k, k_step)]
-        parts += [("ys", *t) for t in staged(c.y, c.n, BN, tn, not c.y_contiguous_n, k_step)]
+        parts = [("xs", *t) for t in staged(c.x, c.ms, BM, tm, c.x_contiguous_k, k_step)]
+        parts += [("ys", *t) for t in staged(c.y, c.ns, BN, tn, not c.y_contiguous_n, k_step)]
         return parts
 
     def store_staged(parts: list[tuple[str, ir.Expr, ir.Expr, ir.Expr]],
@@ -315,7 +344,8 @@ def build(ast, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: 
         for j in range(TN):
             col = ir.alu("add", ir.alu("mul", tn, const(BN)), col_of(j))
             env = dict(batch_env)
-            env[m_name], env[n_name] = row, col
+            env.update(split(c.ms, row))
+            env.update(split(c.ns, col))
             env["acc0"] = ir.var(f"c{i}_{j}", acc_dtype)
             value = ir.substitute(ast.out_value, env)
             index = ir.substitute(ast.out_index, env)
@@ -379,10 +409,10 @@ def host_plan(ast, c: Contraction) -> HostPlan | None:
     """The contraction as a BLAS call on the processor, where both operands are plain float32
     loads with linear indices (a transposed or broadcast view is fine; a padded or computed
     operand is not) and the product accumulates in float32."""
-    if ast.stages[0].dtype != float32:
+    if ast.stages[0].dtype != float32 or len(c.ms) != 1 or len(c.ns) != 1 or len(c.ks) != 1:
         return None
-    x = _operand(c.x, c.batch + [c.m, c.k])
-    y = _operand(c.y, c.batch + [c.k, c.n])
+    x = _operand(c.x, c.batch + [c.ms[0], c.ks[0]])
+    y = _operand(c.y, c.batch + [c.ks[0], c.ns[0]])
     if x is None or y is None:
         return None
-    return HostPlan(x, y, c.batch, c.m, c.n, c.k, [name for name, _, _ in ast.outer])
+    return HostPlan(x, y, c.batch, c.ms[0], c.ns[0], c.ks[0], [name for name, _, _ in ast.outer])

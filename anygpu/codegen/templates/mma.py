@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from anygpu.codegen import ir
-from anygpu.codegen.templates.gemm import Contraction, clamped, element_env
+from anygpu.codegen.templates.gemm import Contraction, Dims, clamped, element_env, split
 from anygpu.dtype import float32
 
 
@@ -46,7 +46,7 @@ def choose(c: Contraction, dialect: str, cc: tuple[int, int], tf32_allowed: bool
     if dialect != "cuda" or cc < (8, 0) or c.x.dtype != c.y.dtype:
         return None
     dtype = c.x.dtype
-    (_, m), (_, n), (_, k) = c.m, c.n, c.k
+    m, n, k = c.M, c.N, c.K
     if m < 64 or n < 64 or k < 32 or m * n * k < 1 << 21:
         return None
     if dtype == float32 and tf32_allowed:
@@ -63,7 +63,7 @@ def choose(c: Contraction, dialect: str, cc: tuple[int, int], tf32_allowed: bool
 def build(ast, c: Contraction, opts: MmaOptions, params: list[ir.Param], name: str,
           meta: dict) -> ir.Kernel:
     dt = ast.index_dtype
-    (m_name, M), (n_name, N), (k_name, K) = c.m, c.n, c.k
+    M, N, K = c.M, c.N, c.K
     BM, BN, BK = opts.block_m, opts.block_n, opts.block_k
     WM, WN = BM // opts.warps_m, BN // opts.warps_n  # a warp's tile
     MI, NI = WM // 16, WN // 8  # fragments per warp
@@ -118,7 +118,7 @@ def build(ast, c: Contraction, opts: MmaOptions, params: list[ir.Param], name: s
             body += [ir.Decl(nm, float32, ir.const(0, float32)) for nm in names]
     k0 = ir.var("k0", dt)
 
-    def staged(value: ir.Expr, outer: tuple[str, int], block: int, tile: ir.Expr,
+    def staged(value: ir.Expr, outer: Dims, block: int, tile: ir.Expr,
                contiguous_k: bool, k_step: ir.Expr) -> list[tuple[ir.Expr, ir.Expr]]:
         """(local index, value) for each element this thread stages of one tile ([row][k])."""
         out = []
@@ -130,17 +130,19 @@ def build(ast, c: Contraction, opts: MmaOptions, params: list[ir.Param], name: s
                 kk, oo = ir.alu("idiv", e, const(block)), ir.alu("mod", e, const(block))
             o = add(mul(tile, block), oo)
             kg = add(k_step, kk)
-            inside = ir.alu("and", ir.alu("lt", o, const(outer[1])), ir.alu("lt", kg, const(K)))
-            env = element_env(batch_env, outer[0], clamped(o, outer[1]), k_name,
-                              clamped(kg, K))
+            size = 1
+            for _, s in outer:
+                size *= s
+            inside = ir.alu("and", ir.alu("lt", o, const(size)), ir.alu("lt", kg, const(K)))
+            env = element_env(batch_env, outer, clamped(o, size), c.ks, clamped(kg, K))
             v = ir.cast(ir.substitute(value, env), acc_dtype)
             v = ir.alu("where", inside, v, ir.const(0, acc_dtype))
             out.append((add(mul(oo, LD), kk), v))
         return out
 
     def stage_tile(k_step: ir.Expr) -> list[tuple[str, ir.Expr, ir.Expr]]:
-        parts = [("xs", *p) for p in staged(c.x, c.m, BM, tm, c.x_contiguous_k, k_step)]
-        parts += [("ys", *p) for p in staged(c.y, c.n, BN, tn, not c.y_contiguous_n, k_step)]
+        parts = [("xs", *p) for p in staged(c.x, c.ms, BM, tm, c.x_contiguous_k, k_step)]
+        parts += [("ys", *p) for p in staged(c.y, c.ns, BN, tn, not c.y_contiguous_n, k_step)]
         return parts
 
     compute: list[ir.Stmt] = []
@@ -178,7 +180,8 @@ def build(ast, c: Contraction, opts: MmaOptions, params: list[ir.Param], name: s
                 row = add(mul(tm, BM), mul(wm, WM), const(i * 16 + 8 * (r // 2)), g)
                 col = add(mul(tn, BN), mul(wn, WN), const(j * 8 + r % 2), mul(t, 2))
                 env = dict(batch_env)
-                env[m_name], env[n_name] = row, col
+                env.update(split(c.ms, row))
+                env.update(split(c.ns, col))
                 env["acc0"] = ir.cast(ir.var(accs[i][j][r], float32), acc_dtype)
                 value = ir.substitute(ast.out_value, env)
                 index = ir.substitute(ast.out_index, env)

@@ -1,0 +1,157 @@
+"""Every distinct convolution of ResNet-50 (batch 16, 224 x 224 input) against PyTorch (cuDNN) on
+the same GPU, in one run: forward, and backward (the gradients of input and weight together).
+
+    python benchmarks/bench_conv.py --device cuda [--batch 16] [--tf32] [--only N] [--json out.json]
+
+Times are the kernels anygpu launches for each (queued back to back, median of several rounds,
+inputs realized first), beside ``torch.nn.functional.conv2d`` and ``torch.autograd.grad`` timed
+the same way; exact float32 on both sides unless ``--tf32``. The result is checked against
+PyTorch's first. The table ends with the geometric mean of the time ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import anygpu as ag  # noqa: E402
+from anygpu.graph import schedule as sched  # noqa: E402
+from anygpu.nn import functional as F  # noqa: E402
+from anygpu.runtime.registry import get_device  # noqa: E402
+
+# (in channels, out channels, kernel, stride, input size): torchvision's ResNet-50 (v1.5)
+RESNET50 = [
+    (3, 64, 7, 2, 224),
+    (64, 64, 1, 1, 56), (64, 64, 3, 1, 56), (64, 256, 1, 1, 56), (256, 64, 1, 1, 56),
+    (256, 128, 1, 1, 56), (128, 128, 3, 2, 56), (128, 512, 1, 1, 28), (256, 512, 1, 2, 56),
+    (512, 128, 1, 1, 28), (128, 128, 3, 1, 28),
+    (512, 256, 1, 1, 28), (256, 256, 3, 2, 28), (256, 1024, 1, 1, 14), (512, 1024, 1, 2, 28),
+    (1024, 256, 1, 1, 14), (256, 256, 3, 1, 14),
+    (1024, 512, 1, 1, 14), (512, 512, 3, 2, 14), (512, 2048, 1, 1, 7), (1024, 2048, 1, 2, 14),
+    (2048, 512, 1, 1, 7), (512, 512, 3, 1, 7),
+]
+
+
+def _median_time(fn: Callable[[], Any], sync: Callable[[], None], reps: int,
+                 rounds: int = 3) -> float:
+    fn()
+    sync()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        sync()
+        times.append((time.perf_counter() - start) / reps)
+    return statistics.median(times)
+
+
+def _launches(outputs: list[ag.Tensor]) -> list[Any]:
+    """The launches that compute ``outputs``, recorded while they run once (each kernel reads
+    what the ones before it wrote)."""
+    sched.recording = []
+    try:
+        sched.run(sched.schedule([t.lazy for t in outputs]))
+        return [step for step in sched.recording if isinstance(step, sched.Launch)]
+    finally:
+        sched.recording = None
+
+
+def _rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30))
+
+
+def run(device: str, batch: int, reps: int, tf32: bool, only: int | None) -> list[dict]:
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    tdev = "cuda" if on_gpu else "cpu"
+    tsync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    ag.set_float32_matmul_precision("high" if tf32 else "highest")
+    dev = get_device(device)
+    rows = []
+    rng = np.random.default_rng(0)
+    for index, (cin, cout, k, stride, size) in enumerate(RESNET50):
+        if only is not None and index != only:
+            continue
+        pad = k // 2
+        x_h = rng.standard_normal((batch, cin, size, size), dtype=np.float32)
+        w_h = (rng.standard_normal((cout, cin, k, k), dtype=np.float32) / math.sqrt(cin * k * k))
+        out_size = (size + 2 * pad - k) // stride + 1
+        g_h = rng.standard_normal((batch, cout, out_size, out_size), dtype=np.float32)
+        x = ag.tensor(x_h, device=device).realize()
+        w = ag.tensor(w_h, device=device).realize()
+        g = ag.tensor(g_h, device=device).realize()
+        tx = torch.from_numpy(x_h).to(tdev).requires_grad_()
+        tw = torch.from_numpy(w_h).to(tdev).requires_grad_()
+        tg = torch.from_numpy(g_h).to(tdev)
+
+        out = F.conv2d(x, w, stride=stride, padding=pad)
+        fwd = _launches([out])
+        t_fwd = _median_time(lambda: [launch() for launch in fwd], dev.synchronize, reps)
+        ref = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=pad)
+        err_fwd = _rel_err(out.numpy(), ref.detach().cpu().numpy())
+
+        xg = ag.tensor(x_h, device=device, requires_grad=True)
+        wg = ag.tensor(w_h, device=device, requires_grad=True)
+        (F.conv2d(xg, wg, stride=stride, padding=pad) * g).sum().backward()
+        assert xg.grad is not None and wg.grad is not None
+        bwd = _launches([xg.grad, wg.grad])
+        t_bwd = _median_time(lambda: [launch() for launch in bwd], dev.synchronize, reps)
+        gx, gw = torch.autograd.grad(ref, (tx, tw), tg, retain_graph=True)
+        err_bwd = max(_rel_err(xg.grad.numpy(), gx.cpu().numpy()),
+                      _rel_err(wg.grad.numpy(), gw.cpu().numpy()))
+
+        def torch_fwd() -> Any:
+            return torch.nn.functional.conv2d(tx, tw, stride=stride, padding=pad)
+
+        def torch_bwd() -> Any:
+            return torch.autograd.grad(ref, (tx, tw), tg, retain_graph=True)
+
+        tt_fwd = _median_time(torch_fwd, tsync, reps)
+        tt_bwd = _median_time(torch_bwd, tsync, reps)
+        row = {"conv": f"{cin}->{cout} {k}x{k} s{stride} @{size}", "fwd_ms": t_fwd * 1e3,
+               "torch_fwd_ms": tt_fwd * 1e3, "bwd_ms": t_bwd * 1e3, "torch_bwd_ms": tt_bwd * 1e3,
+               "fwd_kernels": len(fwd), "bwd_kernels": len(bwd), "err_fwd": err_fwd,
+               "err_bwd": err_bwd}
+        rows.append(row)
+        print(f"{row['conv']:26s} fwd {row['fwd_ms']:8.3f} ms ({len(fwd)} kernels) vs "
+              f"{row['torch_fwd_ms']:7.3f} = {t_fwd / tt_fwd:5.2f}x | bwd {row['bwd_ms']:8.3f} ms "
+              f"({len(bwd)} kernels) vs {row['torch_bwd_ms']:7.3f} = {t_bwd / tt_bwd:5.2f}x | "
+              f"err {err_fwd:.1e} {err_bwd:.1e}", flush=True)
+    if rows:
+        for key in ("fwd", "bwd"):
+            ratios = [r[f"{key}_ms"] / r[f"torch_{key}_ms"] for r in rows]
+            geo = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
+            print(f"{key}: geometric mean {geo:.2f}x PyTorch's time, worst {max(ratios):.2f}x")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--tf32", action="store_true")
+    parser.add_argument("--only", type=int, help="run only the convolution at this index")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    rows = run(args.device, args.batch, args.reps, args.tf32, args.only)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
