@@ -71,6 +71,60 @@ def _rel_err(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30))
 
 
+def _measure(device: str, batch: int, reps: int, shape: tuple[int, int, int, int, int],
+             rng: np.random.Generator, tdev: str, tsync: Callable[[], None]) -> dict:
+    """One convolution: anygpu's forward and backward kernels beside PyTorch's."""
+    import torch
+
+    cin, cout, k, stride, size = shape
+    dev = get_device(device)
+    pad = k // 2
+    x_h = rng.standard_normal((batch, cin, size, size), dtype=np.float32)
+    w_h = (rng.standard_normal((cout, cin, k, k), dtype=np.float32) / math.sqrt(cin * k * k))
+    out_size = (size + 2 * pad - k) // stride + 1
+    g_h = rng.standard_normal((batch, cout, out_size, out_size), dtype=np.float32)
+    x = ag.tensor(x_h, device=device).realize()
+    w = ag.tensor(w_h, device=device).realize()
+    g = ag.tensor(g_h, device=device).realize()
+    tx = torch.from_numpy(x_h).to(tdev).requires_grad_()
+    tw = torch.from_numpy(w_h).to(tdev).requires_grad_()
+    tg = torch.from_numpy(g_h).to(tdev)
+
+    out = F.conv2d(x, w, stride=stride, padding=pad)
+    fwd = _launches([out])
+    t_fwd = _median_time(lambda: [launch() for launch in fwd], dev.synchronize, reps)
+    ref = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=pad)
+    err_fwd = _rel_err(out.numpy(), ref.detach().cpu().numpy())
+
+    xg = ag.tensor(x_h, device=device, requires_grad=True)
+    wg = ag.tensor(w_h, device=device, requires_grad=True)
+    (F.conv2d(xg, wg, stride=stride, padding=pad) * g).sum().backward()
+    assert xg.grad is not None and wg.grad is not None
+    bwd = _launches([xg.grad, wg.grad])
+    t_bwd = _median_time(lambda: [launch() for launch in bwd], dev.synchronize, reps)
+    gx, gw = torch.autograd.grad(ref, (tx, tw), tg, retain_graph=True)
+    err_bwd = max(_rel_err(xg.grad.numpy(), gx.cpu().numpy()),
+                  _rel_err(wg.grad.numpy(), gw.cpu().numpy()))
+
+    def torch_fwd() -> Any:
+        return torch.nn.functional.conv2d(tx, tw, stride=stride, padding=pad)
+
+    def torch_bwd() -> Any:
+        return torch.autograd.grad(ref, (tx, tw), tg, retain_graph=True)
+
+    tt_fwd = _median_time(torch_fwd, tsync, reps)
+    tt_bwd = _median_time(torch_bwd, tsync, reps)
+    row = {"conv": f"{cin}->{cout} {k}x{k} s{stride} @{size}", "fwd_ms": t_fwd * 1e3,
+           "torch_fwd_ms": tt_fwd * 1e3, "bwd_ms": t_bwd * 1e3, "torch_bwd_ms": tt_bwd * 1e3,
+           "fwd_kernels": len(fwd), "bwd_kernels": len(bwd), "err_fwd": err_fwd,
+           "err_bwd": err_bwd}
+    print(f"{row['conv']:26s} fwd {row['fwd_ms']:8.3f} ms ({len(fwd)} kernels) vs "
+          f"{row['torch_fwd_ms']:7.3f} = {t_fwd / tt_fwd:5.2f}x | bwd {row['bwd_ms']:8.3f} ms "
+          f"({len(bwd)} kernels) vs {row['torch_bwd_ms']:7.3f} = {t_bwd / tt_bwd:5.2f}x | "
+          f"err {err_fwd:.1e} {err_bwd:.1e}", flush=True)
+    return row
+
+
 def run(device: str, batch: int, reps: int, tf32: bool, only: int | None) -> list[dict]:
     import torch
 
@@ -80,57 +134,12 @@ def run(device: str, batch: int, reps: int, tf32: bool, only: int | None) -> lis
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
     ag.set_float32_matmul_precision("high" if tf32 else "highest")
-    dev = get_device(device)
     rows = []
     rng = np.random.default_rng(0)
-    for index, (cin, cout, k, stride, size) in enumerate(RESNET50):
+    for index, shape in enumerate(RESNET50):
         if only is not None and index != only:
             continue
-        pad = k // 2
-        x_h = rng.standard_normal((batch, cin, size, size), dtype=np.float32)
-        w_h = (rng.standard_normal((cout, cin, k, k), dtype=np.float32) / math.sqrt(cin * k * k))
-        out_size = (size + 2 * pad - k) // stride + 1
-        g_h = rng.standard_normal((batch, cout, out_size, out_size), dtype=np.float32)
-        x = ag.tensor(x_h, device=device).realize()
-        w = ag.tensor(w_h, device=device).realize()
-        g = ag.tensor(g_h, device=device).realize()
-        tx = torch.from_numpy(x_h).to(tdev).requires_grad_()
-        tw = torch.from_numpy(w_h).to(tdev).requires_grad_()
-        tg = torch.from_numpy(g_h).to(tdev)
-
-        out = F.conv2d(x, w, stride=stride, padding=pad)
-        fwd = _launches([out])
-        t_fwd = _median_time(lambda: [launch() for launch in fwd], dev.synchronize, reps)
-        ref = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=pad)
-        err_fwd = _rel_err(out.numpy(), ref.detach().cpu().numpy())
-
-        xg = ag.tensor(x_h, device=device, requires_grad=True)
-        wg = ag.tensor(w_h, device=device, requires_grad=True)
-        (F.conv2d(xg, wg, stride=stride, padding=pad) * g).sum().backward()
-        assert xg.grad is not None and wg.grad is not None
-        bwd = _launches([xg.grad, wg.grad])
-        t_bwd = _median_time(lambda: [launch() for launch in bwd], dev.synchronize, reps)
-        gx, gw = torch.autograd.grad(ref, (tx, tw), tg, retain_graph=True)
-        err_bwd = max(_rel_err(xg.grad.numpy(), gx.cpu().numpy()),
-                      _rel_err(wg.grad.numpy(), gw.cpu().numpy()))
-
-        def torch_fwd() -> Any:
-            return torch.nn.functional.conv2d(tx, tw, stride=stride, padding=pad)
-
-        def torch_bwd() -> Any:
-            return torch.autograd.grad(ref, (tx, tw), tg, retain_graph=True)
-
-        tt_fwd = _median_time(torch_fwd, tsync, reps)
-        tt_bwd = _median_time(torch_bwd, tsync, reps)
-        row = {"conv": f"{cin}->{cout} {k}x{k} s{stride} @{size}", "fwd_ms": t_fwd * 1e3,
-               "torch_fwd_ms": tt_fwd * 1e3, "bwd_ms": t_bwd * 1e3, "torch_bwd_ms": tt_bwd * 1e3,
-               "fwd_kernels": len(fwd), "bwd_kernels": len(bwd), "err_fwd": err_fwd,
-               "err_bwd": err_bwd}
-        rows.append(row)
-        print(f"{row['conv']:26s} fwd {row['fwd_ms']:8.3f} ms ({len(fwd)} kernels) vs "
-              f"{row['torch_fwd_ms']:7.3f} = {t_fwd / tt_fwd:5.2f}x | bwd {row['bwd_ms']:8.3f} ms "
-              f"({len(bwd)} kernels) vs {row['torch_bwd_ms']:7.3f} = {t_bwd / tt_bwd:5.2f}x | "
-              f"err {err_fwd:.1e} {err_bwd:.1e}", flush=True)
+        rows.append(_measure(device, batch, reps, shape, rng, tdev, tsync))
     if rows:
         for key in ("fwd", "bwd"):
             ratios = [r[f"{key}_ms"] / r[f"torch_{key}_ms"] for r in rows]

@@ -1203,3 +1203,20 @@ def test_large_elementwise_and_reduce(device: str, check: Any) -> None:
     m = x[: 4096 * 33].reshape(4096, 33)
     check(ag.tensor(m, device=device).sum(1), m.astype(np.float64).sum(1), F32)
     check(ag.tensor(m, device=device).amax(0), m.max(0), F32)
+
+
+def test_signed_zero_constants_and_division_by_zero(device: str) -> None:
+    """0.0 and -0.0 are different constants (kernels and compiled-kernel caches keep them
+    apart), and dividing by a zero gives IEEE's infinities and NaN, in reductions too."""
+    rows = np.array([[1.0, 2.0], [0.0, 0.0], [-3.0, -3.0]], dtype=np.float32)
+    t = ag.tensor(rows, device=device)
+    tr = torch.from_numpy(rows)
+    for divisor in (0.0, -0.0, 0.0):
+        np.testing.assert_array_equal((t / divisor).numpy(), (tr / divisor).numpy())
+        np.testing.assert_array_equal((t.sum(1) / divisor).numpy(), (tr.sum(1) / divisor).numpy())
+        np.testing.assert_array_equal((t.amax(1) / divisor).numpy(),
+                                      (tr.amax(1) / divisor).numpy())
+    mask = ag.tensor(rows > 0, device=device).amax(1, keepdim=True)
+    np.testing.assert_array_equal((mask / mask.isnan()).numpy(),
+                                  (torch.from_numpy(rows > 0).amax(1, keepdim=True) /
+                                   torch.zeros(3, 1, dtype=torch.bool)).numpy())

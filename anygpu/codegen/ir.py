@@ -35,8 +35,9 @@ class Expr:
     _table: ClassVar[weakref.WeakValueDictionary[tuple, Expr]] = weakref.WeakValueDictionary()
 
     def __new__(cls, op: str, dtype: DType, srcs: tuple[Expr, ...] = (), arg: Any = None) -> Expr:
-        # NaN != NaN, so a NaN constant is keyed by a stand-in to be shared like any other
-        key_arg = arg if not isinstance(arg, float) or arg == arg else "nan"
+        # floats are keyed by their text: NaN != NaN would never share, and -0.0 == 0.0 would
+        # share a zero of the wrong sign (x / -0.0 is -inf)
+        key_arg = repr(arg) if isinstance(arg, float) else arg
         key = (op, dtype, tuple(id(s) for s in srcs), key_arg)
         hit = cls._table.get(key)
         if hit is not None:
@@ -110,6 +111,10 @@ def alu(op: str, a: Expr, *rest: "Expr | int | float") -> Expr:
             return srcs[1] if a.arg else a
     if op == "where" and a.op == "const":
         return srcs[1] if a.arg else srcs[2]
+    if op in ("eq", "lt") and srcs[1] is a and not a.dtype.is_float:  # exact without NaN
+        return const(op == "eq", bool_)
+    if op == "not" and a.op == "const":
+        return const(not a.arg, bool_)
     return Expr(op, dtype, srcs)
 
 

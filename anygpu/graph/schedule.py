@@ -119,7 +119,8 @@ def _signature(root: Lazy) -> tuple[tuple, list[Lazy]]:
                            if node.buffer is not None else -1)
         else:
             srcs = tuple(visit(s) for s in node.srcs)
-            arg = node.arg if not isinstance(node.arg, float) or node.arg == node.arg else "nan"
+            # floats by their text, as ir.Expr keys them (NaN, and the sign of zero)
+            arg = repr(node.arg) if isinstance(node.arg, float) else node.arg
             part = (node.op, node.shape, node.dtype, arg, srcs)
         index[id(node)] = len(walk)
         walk.append(node)

@@ -32,15 +32,24 @@ fn sin_reduced(x: f32) -> f32 {
 # a / b as IEEE division gives it. Drivers divide through an approximate reciprocal: 3 / 3 gave
 # 0.99999994 (so the deviation of equal values was not 0), and for |b| > 2^126 the reciprocal
 # flushes to 0 (inf / 3e38 was NaN). Huge divisors are scaled down first, and one step on the
-# exact residual fma(-q, b, a) corrects the quotient (where quotient and divisor are finite).
+# exact residual fma(-q, b, a) corrects the quotient. A zero divisor gives its IEEE result from
+# the bits (lavapipe folded x / 0.0 to 0 inside reductions); infinite and NaN divisors, and
+# infinite or NaN quotients, take the plain division.
 DIV_HELPER = """\
 fn div_exact(x: f32, y: f32) -> f32 {
+  let inf = 0x7f800000u;
+  let xb = bitcast<u32>(x);
+  let yb = bitcast<u32>(y) & 0x7fffffffu;
+  if (yb == 0u) {
+    if ((xb & 0x7fffffffu) == 0u || (xb & 0x7fffffffu) > inf) { return bitcast<f32>(0x7fc00000u); }
+    return bitcast<f32>(inf | ((xb ^ bitcast<u32>(y)) & 0x80000000u));
+  }
+  if (yb >= inf) { return x / y; }
   let s = select(1.0f, 0.25f, abs(y) > 8.5e37f);
   let a = x * s;
   let b = y * s;
   let q = a / b;
-  let inf = 0x7f800000u;
-  if ((bitcast<u32>(q) & inf) == inf || (bitcast<u32>(b) & inf) == inf) { return q; }
+  if ((bitcast<u32>(q) & inf) == inf) { return q; }
   return q + fma(-q, b, a) / b;
 }"""
 
