@@ -95,42 +95,19 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: In
 
 def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int, int],
           dilation: tuple[int, int], groups: int) -> Tensor:
-    """The convolution of an already padded input: one contraction (an implicit GEMM on GPUs),
-    with a gradient rule of its own (``conv_grads``): the input's gradient is one transposed
-    convolution and the weight's one contraction, instead of the unfolded windows' gradient
-    summed back."""
     n, c = x.shape[:2]
     o, cg, kh, kw = weight.shape
-
-    def compute() -> Tensor:
-        win = unfold2d(x, (kh, kw), stride, dilation)  # N C OH OW KH KW
-        oh, ow = win.shape[2:4]
-        g, og = groups, o // groups
-        # N G 1 OH OW Cg KH KW  x  1 G Og 1 1 Cg KH KW  -> sum over Cg KH KW
-        win = win.reshape(n, g, cg, oh, ow, kh, kw).permute(0, 1, 3, 4, 2, 5, 6).unsqueeze(2)
-        wt = weight.reshape(1, g, og, 1, 1, cg, kh, kw)
-        return (win * wt).sum((5, 6, 7)).reshape(n, o, oh, ow)
-    out = x._custom("conv2d", (weight,), (stride, dilation, groups), compute).cast(x.dtype)
+    win = unfold2d(x, (kh, kw), stride, dilation)  # N C OH OW KH KW
+    oh, ow = win.shape[2:4]
+    g, og = groups, o // groups
+    # N G 1 OH OW Cg KH KW  x  1 G Og 1 1 Cg KH KW  -> sum over Cg KH KW
+    win = win.reshape(n, g, cg, oh, ow, kh, kw).permute(0, 1, 3, 4, 2, 5, 6).unsqueeze(2)
+    wt = weight.reshape(1, g, og, 1, 1, cg, kh, kw)
+    out = (win * wt).sum((5, 6, 7))
+    out = out.reshape(n, o, oh, ow).cast(x.dtype)
     if bias is not None:
         out = out + bias.reshape(1, o, 1, 1)
     return out
-
-
-def conv_grads(x: Tensor, weight: Tensor, grad: Tensor, stride: tuple[int, int],
-               dilation: tuple[int, int], groups: int) -> tuple[Tensor, Tensor]:
-    """Gradients of ``_conv`` for its (padded) input and its weight, given the output's."""
-    n, c, hp, wp = x.shape
-    o, cg, kh, kw = weight.shape
-    _, _, oh, ow = grad.shape
-    (sh, sw), (dh, dw) = stride, dilation
-    # the rows and columns past the last window get no gradient: output padding
-    extra = (hp - ((oh - 1) * sh + dh * (kh - 1) + 1), wp - ((ow - 1) * sw + dw * (kw - 1) + 1))
-    gx = conv_transpose2d(grad, weight, stride=stride, output_padding=extra, groups=groups,
-                          dilation=dilation)
-    g, og = groups, o // groups
-    win = unfold2d(x, (kh, kw), stride, dilation).reshape(n, g, 1, cg, oh, ow, kh, kw)
-    gw = (grad.reshape(n, g, og, 1, oh, ow, 1, 1) * win).sum((0, 4, 5))
-    return gx, gw.reshape(o, cg, kh, kw)
 
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -184,13 +184,6 @@ def _std_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") ->
     return (std.eq(0)._select(g._const_like(0).expand(x.shape), grad),)
 
 
-def _conv_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
-    from anygpu.nn.functional import conv_grads
-
-    x, weight = ps
-    return conv_grads(x, weight, g, *arg)
-
-
 RULES: dict[Any, Rule] = {
     Op.NEG: lambda out, ps, arg, g: (-g,),
     Op.EXP2: lambda out, ps, arg, g: (g * out * math.log(2),),
@@ -231,7 +224,6 @@ RULES: dict[Any, Rule] = {
     "erf": lambda out, ps, arg, g: (g * (-ps[0] * ps[0]).exp() * (2 / math.sqrt(math.pi)),),
     "max_first": _max_first_grad,
     "std": _std_grad,
-    "conv2d": _conv_grad,
 }
 # comparisons, logic, integer division and bit ops have bool or integer results: no gradient flows
 NOT_DIFFERENTIABLE = {Op.CMPLT, Op.CMPEQ, Op.AND, Op.OR, Op.XOR, Op.NOT, Op.IDIV, Op.SHL, Op.SHR}
