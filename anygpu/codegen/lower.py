@@ -397,8 +397,10 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
     store = ir.Store("b0", ast.out_index, ast.out_value)
     if dialect == "c":
         contraction = gemm.match(ast)
+        # below ~2M multiply-adds the compiled kernel beats the BLAS call and its scratch (the
+        # demo's small layers trained 10% slower through BLAS)
         plan = gemm.host_plan(ast, contraction) if contraction is not None and \
-            contraction.M * contraction.N * contraction.K >= 1 << 12 else None
+            contraction.M * contraction.N * contraction.K >= 1 << 21 else None
         if plan is not None:
             return _host_contraction(ast, plan, params, "gemm_" + sizes)
         body = _cpu_body(ast, store, outer_total)
