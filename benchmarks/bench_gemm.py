@@ -5,9 +5,10 @@
 For each device and dtype: C = A @ B with square operands of ``--size`` (4096 by default), timed
 as the one kernel anygpu launches for it (launches queued back to back, median of several rounds),
 in TFLOP/s (2 * M * N * K per product), beside ``torch.matmul`` on the same GPU timed the same
-way: float32 exact on both sides, tf32 with ``set_float32_matmul_precision("high")`` here and
-``allow_tf32`` there, float16 and bfloat16. The result is checked against PyTorch's first. Also a
-transposed operand (A.T @ B) and a fused epilogue ((A @ B + bias).relu()), each one kernel.
+way (PyTorch on the processor for ``--device cpu``): float32 exact on both sides, tf32 (CUDA)
+with ``set_float32_matmul_precision("high")`` here and ``allow_tf32`` there, float16 and
+bfloat16. The result is checked against PyTorch's first. Also a transposed operand (A.T @ B)
+and a fused epilogue ((A @ B + bias).relu()), each one kernel.
 """
 
 from __future__ import annotations
@@ -56,14 +57,10 @@ def _cases(a: Any, b: Any, bias: Any) -> dict[str, Callable[[], Any]]:
             "(A @ B + bias).relu()": lambda: (a @ b + bias).relu()}
 
 
-def _torch_time(fn: Callable[[], Any], reps: int) -> float | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    return _median_time(fn, torch.cuda.synchronize, reps)
+def _torch_time(fn: Callable[[], Any], reps: int, on_gpu: bool) -> float:
+    import torch
+
+    return _median_time(fn, torch.cuda.synchronize if on_gpu else (lambda: None), reps)
 
 
 def run(devices: list[str], size: int, reps: int) -> list[dict]:
@@ -77,15 +74,19 @@ def run(devices: list[str], size: int, reps: int) -> list[dict]:
     try:
         import torch
         torch.backends.cuda.matmul.allow_tf32 = False
-        have_torch = torch.cuda.is_available()
+        torch_found, cuda_torch = True, torch.cuda.is_available()
     except ImportError:
-        have_torch = False
+        torch_found, cuda_torch = False, False
     for device in devices:
+        # the peer: PyTorch on the same GPU, or on the processor for the cpu backend
+        on_cpu = get_device(device).info.is_cpu and device.startswith("cpu")
+        have_torch = torch_found and (cuda_torch or on_cpu)
+        tdev = "cpu" if on_cpu else "cuda"
         dev = get_device(device)
         for precision in ("float32", "tf32", "float16", "bfloat16"):
             dtype = ag.float32 if precision == "tf32" else getattr(ag, precision)
-            if not dev.supports(dtype):
-                continue
+            if not dev.supports(dtype) or (precision == "tf32" and dev.dialect != "cuda"):
+                continue  # tf32 is a CUDA tensor-core mode
             ag.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
             if have_torch:
                 torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
@@ -104,14 +105,14 @@ def run(devices: list[str], size: int, reps: int) -> list[dict]:
                 if have_torch:
                     tdt = {"float32": torch.float32, "float16": torch.float16,
                            "bfloat16": torch.bfloat16}[dtype.name]
-                    ta = torch.from_numpy(a_host).cuda().to(tdt)
-                    tb = torch.from_numpy(b_host).cuda().to(tdt)
-                    tbias = torch.from_numpy(bias_host).cuda().to(tdt)
+                    ta = torch.from_numpy(a_host).to(tdev).to(tdt)
+                    tb = torch.from_numpy(b_host).to(tdev).to(tdt)
+                    tbias = torch.from_numpy(bias_host).to(tdev).to(tdt)
                     tcases = _cases(ta, tb, tbias)
                     ref = tcases[label]().float().cpu().numpy()
                     got = out.float().numpy()
                     err = float(np.abs(got - ref).max() / (np.abs(ref).max() + 1e-30))
-                    ts = _torch_time(tcases[label], reps)
+                    ts = _torch_time(tcases[label], reps, not on_cpu)
                     row.update(torch_ms=ts * 1e3 if ts else None,
                                torch_tflops=flops / ts / 1e12 if ts else None,
                                ratio=(ts / seconds) if ts else None, max_rel_err=err)
