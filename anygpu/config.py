@@ -28,7 +28,7 @@ class Config:
     device: str = ""
     """Default device for new tensors ("cpu", "opencl", "cuda:1", ...). Empty: "cpu"."""
     debug: int = 0
-    """1: print each kernel with its time, bytes and GB/s. 2: also print the generated source."""
+    """1: print each kernel with its time, bytes, GB/s and template. 2: also its source."""
     cache_dir: str = ""
     """Where compiled programs and tuning results live. Empty: the user cache dir."""
     disk_cache: int = 1

@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,6 +26,7 @@ import anygpu as ag  # noqa: E402
 from anygpu.graph import schedule as sched  # noqa: E402
 from anygpu.nn import functional as F  # noqa: E402
 from anygpu.runtime.registry import get_device  # noqa: E402
+from timing import median_time  # noqa: E402  (benchmarks/timing.py)
 
 # (in channels, out channels, kernel, stride, input size): torchvision's ResNet-50 (v1.5)
 RESNET50 = [
@@ -40,20 +39,6 @@ RESNET50 = [
     (1024, 512, 1, 1, 14), (512, 512, 3, 2, 14), (512, 2048, 1, 1, 7), (1024, 2048, 1, 2, 14),
     (2048, 512, 1, 1, 7), (512, 512, 3, 1, 7),
 ]
-
-
-def _median_time(fn: Callable[[], Any], sync: Callable[[], None], reps: int,
-                 rounds: int = 3) -> float:
-    fn()
-    sync()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        sync()
-        times.append((time.perf_counter() - start) / reps)
-    return statistics.median(times)
 
 
 def _launches(outputs: list[ag.Tensor]) -> list[Any]:
@@ -92,7 +77,7 @@ def _measure(device: str, batch: int, reps: int, shape: tuple[int, int, int, int
 
     out = F.conv2d(x, w, stride=stride, padding=pad)
     fwd = _launches([out])
-    t_fwd = _median_time(lambda: [launch() for launch in fwd], dev.synchronize, reps)
+    t_fwd = median_time(lambda: [launch() for launch in fwd], dev.synchronize, reps, rounds=3)
     ref = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=pad)
     err_fwd = _rel_err(out.numpy(), ref.detach().cpu().numpy())
 
@@ -101,7 +86,7 @@ def _measure(device: str, batch: int, reps: int, shape: tuple[int, int, int, int
     (F.conv2d(xg, wg, stride=stride, padding=pad) * g).sum().backward()
     assert xg.grad is not None and wg.grad is not None
     bwd = _launches([xg.grad, wg.grad])
-    t_bwd = _median_time(lambda: [launch() for launch in bwd], dev.synchronize, reps)
+    t_bwd = median_time(lambda: [launch() for launch in bwd], dev.synchronize, reps, rounds=3)
     gx, gw = torch.autograd.grad(ref, (tx, tw), tg, retain_graph=True)
     err_bwd = max(_rel_err(xg.grad.numpy(), gx.cpu().numpy()),
                   _rel_err(wg.grad.numpy(), gw.cpu().numpy()))
@@ -112,8 +97,8 @@ def _measure(device: str, batch: int, reps: int, shape: tuple[int, int, int, int
     def torch_bwd() -> Any:
         return torch.autograd.grad(ref, (tx, tw), tg, retain_graph=True)
 
-    tt_fwd = _median_time(torch_fwd, tsync, reps)
-    tt_bwd = _median_time(torch_bwd, tsync, reps)
+    tt_fwd = median_time(torch_fwd, tsync, reps, rounds=3)
+    tt_bwd = median_time(torch_bwd, tsync, reps, rounds=3)
     row = {"conv": f"{cin}->{cout} {k}x{k} s{stride} @{size}", "fwd_ms": t_fwd * 1e3,
            "torch_fwd_ms": tt_fwd * 1e3, "bwd_ms": t_bwd * 1e3, "torch_bwd_ms": tt_bwd * 1e3,
            "fwd_kernels": len(fwd), "bwd_kernels": len(bwd), "err_fwd": err_fwd,

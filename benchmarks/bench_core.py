@@ -16,11 +16,9 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -30,20 +28,7 @@ import anygpu as ag  # noqa: E402
 from anygpu.graph.schedule import KernelItem, prepare, schedule  # noqa: E402
 from anygpu.runtime.base import Device  # noqa: E402
 from anygpu.runtime.registry import get_device  # noqa: E402
-
-
-def _median_time(fn: Callable[[], Any], sync: Callable[[], None], reps: int,
-                 rounds: int = 5) -> float:
-    fn()
-    sync()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        sync()
-        times.append((time.perf_counter() - start) / reps)
-    return statistics.median(times)
+from timing import median_time  # noqa: E402  (benchmarks/timing.py)
 
 
 def _kernel_time(t: ag.Tensor, reps: int) -> tuple[float, str]:
@@ -54,7 +39,7 @@ def _kernel_time(t: ag.Tensor, reps: int) -> tuple[float, str]:
         raise RuntimeError(f"expected one kernel, the schedule has {len(kernels)}")
     launch = prepare(kernels[0])
     dev = get_device(t.device)
-    return _median_time(launch, dev.synchronize, reps), launch.name
+    return median_time(launch, dev.synchronize, reps), launch.name
 
 
 def _check(t: ag.Tensor, ref: np.ndarray, rtol: float) -> None:
@@ -68,7 +53,7 @@ def _copy_time(dev: Device, host: np.ndarray, reps: int) -> float:
     """Seconds per device-to-device copy of ``host``; the two buffers are freed on return."""
     src, dst = dev.alloc(host.nbytes), dev.alloc(host.nbytes)
     src.copy_in(host)
-    return _median_time(lambda: dev.copy(dst, src), dev.synchronize, reps)
+    return median_time(lambda: dev.copy(dst, src), dev.synchronize, reps)
 
 
 def bench_device(name: str, reps: int) -> dict[str, Any]:
@@ -103,7 +88,7 @@ def bench_device(name: str, reps: int) -> dict[str, Any]:
         entry = {"kernel": kernel, "ms": seconds * 1e3, "GBps": moved / seconds / 1e9,
                  "of_copy": moved / seconds / copy_bw}
         if cpu:
-            np_s = _median_time(functools.partial(np_fn, arr), lambda: None, max(reps // 4, 2),
+            np_s = median_time(functools.partial(np_fn, arr), lambda: None, max(reps // 4, 2),
                                 rounds=3)
             entry["numpy_ms"] = np_s * 1e3
         if label in peer:
@@ -123,9 +108,9 @@ def _torch_peer(name: str, host: np.ndarray, rows: int, cols: int, reps: int) ->
     xm = x.reshape(rows, cols)
     sync = torch.cuda.synchronize
     return {
-        "fused chain": _median_time(lambda: (x * 1.5 + 0.25).relu() - 0.5, sync, reps),
-        "row sum": _median_time(lambda: xm.sum(1), sync, reps),
-        "softmax": _median_time(lambda: xm.softmax(-1), sync, reps),
+        "fused chain": median_time(lambda: (x * 1.5 + 0.25).relu() - 0.5, sync, reps),
+        "row sum": median_time(lambda: xm.sum(1), sync, reps),
+        "softmax": median_time(lambda: xm.softmax(-1), sync, reps),
     }
 
 

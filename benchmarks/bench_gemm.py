@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,20 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import anygpu as ag  # noqa: E402
 from anygpu.graph.schedule import KernelItem, prepare, schedule  # noqa: E402
 from anygpu.runtime.registry import get_device  # noqa: E402
-
-
-def _median_time(fn: Callable[[], Any], sync: Callable[[], None], reps: int,
-                 rounds: int = 5) -> float:
-    fn()
-    sync()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        sync()
-        times.append((time.perf_counter() - start) / reps)
-    return statistics.median(times)
+from timing import median_time  # noqa: E402  (benchmarks/timing.py)
 
 
 def _kernel(t: ag.Tensor) -> Any:
@@ -60,7 +45,7 @@ def _cases(a: Any, b: Any, bias: Any) -> dict[str, Callable[[], Any]]:
 def _torch_time(fn: Callable[[], Any], reps: int, on_gpu: bool) -> float:
     import torch
 
-    return _median_time(fn, torch.cuda.synchronize if on_gpu else (lambda: None), reps)
+    return median_time(fn, torch.cuda.synchronize if on_gpu else (lambda: None), reps)
 
 
 def run(devices: list[str], size: int, reps: int) -> list[dict]:
@@ -79,10 +64,10 @@ def run(devices: list[str], size: int, reps: int) -> list[dict]:
         torch_found, cuda_torch = False, False
     for device in devices:
         # the peer: PyTorch on the same GPU, or on the processor for the cpu backend
-        on_cpu = get_device(device).info.is_cpu and device.startswith("cpu")
+        dev = get_device(device)
+        on_cpu = dev.backend == "cpu"
         have_torch = torch_found and (cuda_torch or on_cpu)
         tdev = "cpu" if on_cpu else "cuda"
-        dev = get_device(device)
         for precision in ("float32", "tf32", "float16", "bfloat16"):
             dtype = ag.float32 if precision == "tf32" else getattr(ag, precision)
             if not dev.supports(dtype) or (precision == "tf32" and dev.dialect != "cuda"):
@@ -97,7 +82,7 @@ def run(devices: list[str], size: int, reps: int) -> list[dict]:
                 out = build()
                 launch = _kernel(out)
                 name = launch.name
-                seconds = _median_time(launch, dev.synchronize, reps)
+                seconds = median_time(launch, dev.synchronize, reps)
                 out.realize()
                 row: dict[str, Any] = {"device": device, "dtype": precision, "case": label,
                                        "n": n, "kernel": name, "ms": seconds * 1e3,

@@ -11,9 +11,7 @@ beside it.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,25 +20,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import anygpu as ag  # noqa: E402
 from anygpu.runtime.registry import get_device  # noqa: E402
+from timing import median_time  # noqa: E402  (benchmarks/timing.py)
 
 
 def chain(x: ag.Tensor, n: int) -> ag.Tensor:
     for _ in range(n):
         x = (x * 0.999 + 0.001).contiguous().realize()
     return x
-
-
-def timed(fn, sync, reps: int = 20) -> float:
-    fn()
-    sync()
-    runs = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        sync()
-        runs.append((time.perf_counter() - start) / reps)
-    return statistics.median(runs)
 
 
 def bench(device: str, n: int) -> None:
@@ -53,8 +39,8 @@ def bench(device: str, n: int) -> None:
     ref = chain(x, n).numpy()
     if not np.allclose(out.numpy(), ref, rtol=1e-5, atol=1e-6):
         raise AssertionError("replay differs from the eager run")
-    replay = timed(lambda: step(x), dev.synchronize)
-    eager = timed(lambda: chain(x, n), dev.synchronize, reps=3)
+    replay = median_time(lambda: step(x), dev.synchronize, 20)
+    eager = median_time(lambda: chain(x, n), dev.synchronize, 3)
     line = (f"{dev.name:10s} {n} kernels: replay {replay * 1e6 / n:6.2f} us/kernel   "
             f"eager {eager * 1e6 / n:7.1f} us/kernel")
     if dev.backend == "cuda":
@@ -66,7 +52,7 @@ def bench(device: str, n: int) -> None:
                 t = tx
                 for _ in range(n):
                     t = t * 0.999 + 0.001
-            torch_s = timed(torch_chain, torch.cuda.synchronize)
+            torch_s = median_time(torch_chain, torch.cuda.synchronize, 20)
             line += (f"   PyTorch eager {torch_s * 1e6 / n:5.2f}"
                      " us/kernel (2 kernels per step of the chain)")
         except ImportError:

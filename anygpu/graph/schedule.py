@@ -214,6 +214,7 @@ class Launch:
     local: tuple[int, ...]
     name: str
     nbytes: int
+    template: str = ""  # the hot-kernel template and its options, for ANYGPU_DEBUG
 
     def __call__(self, wait: bool = False) -> float | None:
         return self.program(self.buffers, self.groups, self.local, wait=wait)
@@ -260,13 +261,13 @@ def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
     ast = item.ast
     node = ast.output
     device = get_device(node.device)
-    features = {"cc": device.info.extra.get("cc", (0, 0)),
-                "tf32": get_float32_matmul_precision() != "highest"}
-    key = (item.signature, device.name, features["tf32"])
+    tf32 = get_float32_matmul_precision() != "highest"
+    key = (item.signature, device.name, tf32)
     hit = _compiled.get(key) if item.signature else None
     if hit is None:
         for p in [node, *ast.inputs]:
             device.check_dtype(p.dtype)
+        features = {"cc": device.info.extra.get("cc", (0, 0)), "tf32": tf32}
         kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size, features)
         source = render(kernel, device.dialect)
         if config.get().debug >= 2:
@@ -286,7 +287,7 @@ def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
     if device.dialect == "wgsl":
         groups = launch_groups(kernel.groups)
     return Launch(program, buffers, groups, (kernel.local,), kernel.name,
-                  kernel.meta.get("bytes", 0))
+                  kernel.meta.get("bytes", 0), kernel.meta.get("template", ""))
 
 
 def _run_kernel(item: KernelItem) -> None:
@@ -299,7 +300,8 @@ def _run_kernel(item: KernelItem) -> None:
         print(f"{device.name:10s} {launch.name:32s} {seconds * 1e6:9.1f} us  "
               f"{launch.nbytes / 2**20:9.2f} MiB  "
               f"{launch.nbytes / max(seconds, 1e-12) / 1e9:8.1f} GB/s  "
-              f"(host {host * 1e6:.0f} us)", file=sys.stderr)
+              f"(host {host * 1e6:.0f} us)"
+              f"{'  [' + launch.template + ']' if launch.template else ''}", file=sys.stderr)
     else:
         launch()
     _record(launch)

@@ -316,10 +316,21 @@ class CStyleRenderer:
     def mma(self, st: ir.Mma, a: list[str], b: list[str]) -> str:
         raise NotImplementedError(f"tensor-core mma is not available in {self.dialect}")
 
+    def vector_read(self, buf: str, index: str, n: int) -> str | None:
+        """A read of ``n`` floats of a local array as one vector value, where the dialect has
+        vector types (CUDA, OpenCL); None: scalar reads."""
+        return None
+
     def vector_load(self, st: ir.VecLoad, index: str) -> list[str]:
-        """Scalar loads; dialects with vector types override this."""
-        return [self.declare_var(name, st.dtype, f"{st.buf}[{index} + {i}]")
-                for i, name in enumerate(st.names)]
+        n = len(st.names)
+        read = self.vector_read(st.buf, index, n) if n in (2, 4) and \
+            self.compute_type(st.dtype) == "float" else None
+        if read is None:
+            return [self.declare_var(name, st.dtype, f"{st.buf}[{index} + {i}]")
+                    for i, name in enumerate(st.names)]
+        v = self.fresh("v")
+        return [f"const float{n} {v} = {read};"] + \
+            [f"float {name} = {v}.{'xyzw'[i]};" for i, name in enumerate(st.names)]
 
     def for_header(self, name: str, dtype: DType, start: str, stop: str, step: str) -> str:
         return f"for ({self.types[dtype]} {name} = {start}; {name} < {stop}; {name} += {step}) {{"

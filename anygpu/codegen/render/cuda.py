@@ -68,13 +68,8 @@ class CUDARenderer(CStyleRenderer):
                 f'{{%0,%1,%2,%3}}, {{{a_list}}}, {{{b_list}}}, {{%0,%1,%2,%3}};" : {ops} : '
                 f'{", ".join(regs)});')
 
-    def vector_load(self, st: ir.VecLoad, index: str) -> list[str]:
-        n = len(st.names)
-        if n not in (2, 4) or self.compute_type(st.dtype) != "float":
-            return super().vector_load(st, index)
-        v = self.fresh("v")
-        lines = [f"const float{n} {v} = *reinterpret_cast<const float{n}*>(&{st.buf}[{index}]);"]
-        return lines + [f"float {name} = {v}.{'xyzw'[i]};" for i, name in enumerate(st.names)]
+    def vector_read(self, buf: str, index: str, n: int) -> str | None:
+        return f"*reinterpret_cast<const float{n}*>(&{buf}[{index}])"
 
     def signature(self, kernel: ir.Kernel) -> str:
         sig = super().signature(kernel)

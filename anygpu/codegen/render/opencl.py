@@ -58,13 +58,8 @@ class OpenCLRenderer(CStyleRenderer):
         return (f"__local {self.compute_type(st.dtype)} {st.name}[{st.size}] "
                 f"__attribute__((aligned(16)));")
 
-    def vector_load(self, st: ir.VecLoad, index: str) -> list[str]:
-        n = len(st.names)
-        if n not in (2, 4) or self.compute_type(st.dtype) != "float":
-            return super().vector_load(st, index)
-        v = self.fresh("v")
-        lines = [f"const float{n} {v} = *((__local const float{n}*)({st.buf} + {index}));"]
-        return lines + [f"float {name} = {v}.s{i};" for i, name in enumerate(st.names)]
+    def vector_read(self, buf: str, index: str, n: int) -> str | None:
+        return f"*((__local const float{n}*)({buf} + {index}))"
 
     def signature(self, kernel: ir.Kernel) -> str:
         attr = f"__attribute__((reqd_work_group_size({kernel.local}, 1, 1))) "

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from anygpu.codegen import ir
 from anygpu.dtype import float32
@@ -206,105 +206,156 @@ def element_env(batch: dict[str, ir.Expr], outer: Dims, outer_value: ir.Expr, ks
     return env
 
 
-def build(ast, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: str,
+class Tiling:
+    """What the GEMM templates share: a work-group computes a ``block_m`` x ``block_n`` tile of
+    one batch entry; per step of ``block_k`` its threads stage the operand tiles in local memory
+    (through registers, the next step's loaded while the current one is computed), and the
+    epilogue stores each accumulator through the kernel's output expression."""
+
+    def __init__(self, ast: Any, c: Contraction, block_m: int, block_n: int, block_k: int,
+                 threads: int):
+        self.ast, self.c, self.dt = ast, c, ast.index_dtype
+        self.BM, self.BN, self.BK, self.threads = block_m, block_n, block_k, threads
+        self.acc_dtype = ast.stages[0].dtype
+        self.tiles_m, self.tiles_n = -(-c.M // block_m), -(-c.N // block_n)
+        self.groups = self.tiles_m * self.tiles_n * math.prod(s for _, s in c.batch)
+        self.lid = ir.cast(ir.special("lid"), self.dt)
+        self.tm, self.tn = ir.var("tm", self.dt), ir.var("tn", self.dt)
+        self.batch_env = {name: ir.var(name, self.dt) for name, _ in c.batch}
+
+    def const(self, v: int) -> ir.Expr:
+        return ir.const(v, self.dt)
+
+    def tile_decls(self) -> list[ir.Stmt]:
+        """Work-group -> (batch..., tile along m, tile along n); n fastest, so neighbouring
+        groups share the x tile."""
+        rest = ir.cast(ir.special("gid"), self.dt)
+        out: list[ir.Stmt] = []
+        for name, size in [("tn", self.tiles_n), ("tm", self.tiles_m)] + self.c.batch[::-1]:
+            out.append(ir.Decl(name, self.dt, ir.alu("mod", rest, self.const(size))))
+            rest = ir.alu("idiv", rest, self.const(size))
+        return out
+
+    def staged(self, value: ir.Expr, outer: Dims, block: int, tile: ir.Expr,
+               contiguous_k: bool, k_step: ir.Expr,
+               local_index: Callable[[ir.Expr, ir.Expr], ir.Expr]
+               ) -> list[tuple[ir.Expr, ir.Expr, ir.Expr]]:
+        """(local index, value, element number) for each element this thread stages of one
+        operand tile: element e = lid + threads * j, laid out so that neighbouring threads read
+        neighbouring addresses of the operand; out-of-range elements read a clamped address and
+        count as 0."""
+        const, BK, K = self.const, self.BK, self.c.K
+        total = BK * block
+        size = math.prod(s for _, s in outer)
+        out = []
+        for j in range(-(-total // self.threads)):
+            e = ir.alu("add", self.lid, const(self.threads * j))
+            if contiguous_k:
+                kk, oo = ir.alu("mod", e, const(BK)), ir.alu("idiv", e, const(BK))
+            else:
+                kk, oo = ir.alu("idiv", e, const(block)), ir.alu("mod", e, const(block))
+            o = ir.alu("add", ir.alu("mul", tile, const(block)), oo)
+            kg = ir.alu("add", k_step, kk)
+            inside = ir.alu("and", ir.alu("lt", o, const(size)), ir.alu("lt", kg, const(K)))
+            env = element_env(self.batch_env, outer, clamped(o, size), self.c.ks, clamped(kg, K))
+            v = ir.cast(ir.substitute(value, env), self.acc_dtype)
+            v = ir.alu("where", inside, v, ir.const(0, self.acc_dtype))
+            if total % self.threads:
+                v = ir.alu("where", ir.alu("lt", e, const(total)), v, ir.const(0, self.acc_dtype))
+            out.append((local_index(kk, oo), v, e))
+        return out
+
+    def stage_tile(self, k_step: ir.Expr, x_index: Callable[[ir.Expr, ir.Expr], ir.Expr],
+                   y_index: Callable[[ir.Expr, ir.Expr], ir.Expr]
+                   ) -> list[tuple[str, ir.Expr, ir.Expr, ir.Expr]]:
+        """(local array, index, value, element number) of both operands' tiles at ``k_step``."""
+        c = self.c
+        parts = [("xs", *t) for t in self.staged(c.x, c.ms, self.BM, self.tm, c.x_contiguous_k,
+                                                 k_step, x_index)]
+        parts += [("ys", *t) for t in self.staged(c.y, c.ns, self.BN, self.tn,
+                                                  not c.y_contiguous_n, k_step, y_index)]
+        return parts
+
+    def _store(self, buf: str, index: ir.Expr, value: ir.Expr, e: ir.Expr) -> ir.Stmt:
+        size = self.BK * (self.BM if buf == "xs" else self.BN)
+        st = ir.Store(buf, index, value)
+        return st if size % self.threads == 0 else ir.If(ir.alu("lt", e, self.const(size)), [st])
+
+    def k_loop(self, x_index: Callable[[ir.Expr, ir.Expr], ir.Expr],
+               y_index: Callable[[ir.Expr, ir.Expr], ir.Expr], compute: list[ir.Stmt],
+               prefetch: bool) -> list[ir.Stmt]:
+        """The loop over k: stage, barrier, compute, barrier; with ``prefetch`` the next step's
+        elements are loaded into registers p0, p1, ... between the two."""
+        const, BK, K, acc = self.const, self.BK, self.c.K, self.acc_dtype
+        k0 = ir.var("k0", self.dt)
+        before: list[ir.Stmt] = []
+        if prefetch:
+            first = self.stage_tile(const(0), x_index, y_index)
+            regs = [f"p{q}" for q in range(len(first))]
+            before = [ir.Decl(r, acc, v) for r, (_, _, v, _) in zip(regs, first)]
+            nxt = self.stage_tile(ir.alu("add", k0, const(BK)), x_index, y_index)
+            loop = [self._store(buf, idx, ir.var(r, acc), e)
+                    for r, (buf, idx, _, e) in zip(regs, first)]
+            loop += [ir.Barrier(), ir.If(ir.alu("lt", ir.alu("add", k0, const(BK)), const(K)),
+                                         [ir.Assign(r, v) for r, (_, _, v, _) in zip(regs, nxt)])]
+        else:
+            loop = [self._store(buf, idx, v, e)
+                    for buf, idx, v, e in self.stage_tile(k0, x_index, y_index)]
+            loop.append(ir.Barrier())
+        loop += compute + [ir.Barrier()]
+        steps = -(-K // BK)
+        return before + [ir.For("k0", const(0), const(steps * BK), const(BK), loop)]
+
+    def store(self, row: ir.Expr, col: ir.Expr, acc: ir.Expr) -> ir.Stmt:
+        """The epilogue at output ``row`` and ``col`` (flattened m and n): the AST's output
+        expression with acc0 = ``acc``, stored where the element exists."""
+        env = dict(self.batch_env)
+        env.update(split(self.c.ms, row))
+        env.update(split(self.c.ns, col))
+        env["acc0"] = ir.cast(acc, self.acc_dtype)
+        value = ir.substitute(self.ast.out_value, env)
+        index = ir.substitute(self.ast.out_index, env)
+        inside = ir.alu("and", ir.alu("lt", row, self.const(self.c.M)),
+                        ir.alu("lt", col, self.const(self.c.N)))
+        return ir.If(inside, [ir.Store("b0", index, value)])
+
+    def kernel(self, name: str, params: list[ir.Param], body: list[ir.Stmt],
+               meta: dict) -> ir.Kernel:
+        """The kernel, local arrays first (OpenCL and WGSL declare them at the top)."""
+        arrays = [s for s in body if isinstance(s, ir.LocalArray)]
+        rest = [s for s in body if not isinstance(s, ir.LocalArray)]
+        return ir.Kernel(name, params, arrays + rest, self.groups, self.threads, meta)
+
+
+def build(ast: Any, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: str,
           meta: dict) -> ir.Kernel:
-    """The kernel IR of ``ast`` through the template."""
-    dt = ast.index_dtype
-    M, N, K = c.M, c.N, c.K
+    """The kernel IR of ``ast`` through the SIMT template."""
     BM, BN, BK, TM, TN = opts.block_m, opts.block_n, opts.block_k, opts.thread_m, opts.thread_n
-    cols = BN // TN  # threads along n
-    rows = BM // TM
-    threads = rows * cols
-    acc_dtype = ast.stages[0].dtype
-    tiles_m, tiles_n = -(-M // BM), -(-N // BN)
-    batch_total = math.prod(s for _, s in c.batch)
-    groups = tiles_m * tiles_n * batch_total
-
-    def const(v: int) -> ir.Expr:
-        return ir.const(v, dt)
-
-    lid, gid = ir.cast(ir.special("lid"), dt), ir.cast(ir.special("gid"), dt)
+    cols, rows = BN // TN, BM // TM  # threads along n and along m
+    tiling = Tiling(ast, c, BM, BN, BK, rows * cols)
+    const, acc_dtype = tiling.const, tiling.acc_dtype
     # local tiles [k][m] and [k][n], rows padded by PAD so that staging a k-contiguous operand
     # (neighbouring threads at neighbouring k) spreads over the memory banks
     XW, YW = BM + PAD, BN + PAD
     body: list[ir.Stmt] = [ir.LocalArray("xs", acc_dtype, BK * XW),
                            ir.LocalArray("ys", acc_dtype, BK * YW)]
-    # work-group -> (batch..., tile along m, tile along n); n fastest, so neighbouring groups
-    # share the x tile
-    body.append(ir.Decl("tn", dt, ir.alu("mod", gid, const(tiles_n))))
-    rest = ir.alu("idiv", gid, const(tiles_n))
-    body.append(ir.Decl("tm", dt, ir.alu("mod", rest, const(tiles_m))))
-    rest = ir.alu("idiv", rest, const(tiles_m))
-    batch_env: dict[str, ir.Expr] = {}
-    for bname, bsize in reversed(c.batch):
-        body.append(ir.Decl(bname, dt, ir.alu("mod", rest, const(bsize))))
-        batch_env[bname] = ir.var(bname, dt)
-        rest = ir.alu("idiv", rest, const(bsize))
-    tm, tn = ir.var("tm", dt), ir.var("tn", dt)
-    body.append(ir.Decl("tx", dt, ir.alu("mod", lid, const(cols))))
-    body.append(ir.Decl("ty", dt, ir.alu("idiv", lid, const(cols))))
-    tx, ty = ir.var("tx", dt), ir.var("ty", dt)
+    body += tiling.tile_decls()
+    body.append(ir.Decl("tx", tiling.dt, ir.alu("mod", tiling.lid, const(cols))))
+    body.append(ir.Decl("ty", tiling.dt, ir.alu("idiv", tiling.lid, const(cols))))
+    tx, ty = ir.var("tx", tiling.dt), ir.var("ty", tiling.dt)
     for i in range(TM):
         for j in range(TN):
             body.append(ir.Decl(f"c{i}_{j}", acc_dtype, ir.const(0, acc_dtype)))
-    k0 = ir.var("k0", dt)
-
-    # the elements each thread stages: element e = lid + threads * j of the tile, laid out so
-    # that neighbouring threads read neighbouring addresses of the operand
-    def staged(value: ir.Expr, outer: Dims, outer_block: int, tile: ir.Expr,
-               contiguous_k: bool, k_step: ir.Expr) -> list[tuple[ir.Expr, ir.Expr, ir.Expr]]:
-        """(local index, value, in-range) for each element this thread stages of one operand
-        tile (local layout: [k][outer])."""
-        out = []
-        total = BK * outer_block
-        for j in range(-(-total // threads)):
-            e = ir.alu("add", lid, const(threads * j))
-            if contiguous_k:
-                kk, oo = ir.alu("mod", e, const(BK)), ir.alu("idiv", e, const(BK))
-            else:
-                kk, oo = ir.alu("idiv", e, const(outer_block)), ir.alu("mod", e, const(outer_block))
-            o = ir.alu("add", ir.alu("mul", tile, const(outer_block)), oo)
-            kg = ir.alu("add", k_step, kk)
-            size = math.prod(s for _, s in outer)
-            inside = ir.alu("and", ir.alu("lt", o, const(size)), ir.alu("lt", kg, const(K)))
-            env = element_env(batch_env, outer, clamped(o, size), c.ks, clamped(kg, K))
-            v = ir.substitute(value, env)
-            v = ir.alu("where", inside, ir.cast(v, acc_dtype), ir.const(0, acc_dtype))
-            local = ir.alu("add", ir.alu("mul", kk, const(outer_block + PAD)), oo)
-            if total % threads:
-                v = ir.alu("where", ir.alu("lt", e, const(total)), v, ir.const(0, acc_dtype))
-            out.append((local, v, e))
-        return out
-
-    def stage_tile(k_step: ir.Expr) -> list[tuple[str, ir.Expr, ir.Expr, ir.Expr]]:
-        parts = [("xs", *t) for t in staged(c.x, c.ms, BM, tm, c.x_contiguous_k, k_step)]
-        parts += [("ys", *t) for t in staged(c.y, c.ns, BN, tn, not c.y_contiguous_n, k_step)]
-        return parts
-
-    def store_staged(parts: list[tuple[str, ir.Expr, ir.Expr, ir.Expr]],
-                     values: list[ir.Expr]) -> list[ir.Stmt]:
-        out: list[ir.Stmt] = []
-        for (buf, local, _, e), v in zip(parts, values):
-            size = BK * (BM if buf == "xs" else BN)
-            st = ir.Store(buf, local, v)
-            out.append(st if size % threads == 0 else ir.If(ir.alu("lt", e, const(size)), [st]))
-        return out
 
     # a thread's rows: groups of VEC neighbours (read from local memory in one vector load),
     # the groups rows * VEC apart; columns likewise
     vm, vn = (VEC if TM % VEC == 0 else 1), (VEC if TN % VEC == 0 else 1)
 
-    def offset(i: int, v: int, lanes: int) -> tuple[int, int]:
-        """(constant part, multiplier of the thread coordinate) of the i-th row or column."""
-        return (i // v) * lanes * v + i % v, v
-
     def row_of(i: int) -> ir.Expr:
-        c0, mul = offset(i, vm, rows)
-        return ir.alu("add", ir.alu("mul", ty, const(mul)), const(c0))
+        return ir.alu("add", ir.alu("mul", ty, const(vm)), const((i // vm) * rows * vm + i % vm))
 
     def col_of(j: int) -> ir.Expr:
-        c0, mul = offset(j, vn, cols)
-        return ir.alu("add", ir.alu("mul", tx, const(mul)), const(c0))
+        return ir.alu("add", ir.alu("mul", tx, const(vn)), const((j // vn) * cols * vn + j % vn))
 
     compute: list[ir.Stmt] = []
     for kk in range(BK):
@@ -322,39 +373,15 @@ def build(ast, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: 
                 prod = ir.alu("mul", ir.var(f"x{kk}_{i}", acc_dtype), ir.var(f"y{kk}_{j}",
                                                                             acc_dtype))
                 compute.append(ir.Assign(f"c{i}_{j}", ir.alu("add", acc, prod)))
-    steps = -(-K // BK)
-    if opts.prefetch:
-        first = stage_tile(const(0))
-        regs = [f"p{q}" for q in range(len(first))]
-        body += [ir.Decl(r, acc_dtype, v) for r, (_, _, v, _) in zip(regs, first)]
-        nxt = stage_tile(ir.alu("add", k0, const(BK)))
-        loop = store_staged(first, [ir.var(r, acc_dtype) for r in regs]) + [ir.Barrier()]
-        loop += [ir.If(ir.alu("lt", ir.alu("add", k0, const(BK)), const(K)),
-                       [ir.Assign(r, v) for r, (_, _, v, _) in zip(regs, nxt)])]
-        loop += compute + [ir.Barrier()]
-    else:
-        parts = stage_tile(k0)
-        loop = store_staged(parts, [v for _, _, v, _ in parts]) + [ir.Barrier()]
-        loop += compute + [ir.Barrier()]
-    body.append(ir.For("k0", const(0), const(steps * BK), const(BK), loop))
-
-    # the epilogue: the AST's output expression with acc0 = this thread's accumulator
-    for i in range(TM):
-        row = ir.alu("add", ir.alu("mul", tm, const(BM)), row_of(i))
-        for j in range(TN):
-            col = ir.alu("add", ir.alu("mul", tn, const(BN)), col_of(j))
-            env = dict(batch_env)
-            env.update(split(c.ms, row))
-            env.update(split(c.ns, col))
-            env["acc0"] = ir.var(f"c{i}_{j}", acc_dtype)
-            value = ir.substitute(ast.out_value, env)
-            index = ir.substitute(ast.out_index, env)
-            inside = ir.alu("and", ir.alu("lt", row, const(M)), ir.alu("lt", col, const(N)))
-            body.append(ir.If(inside, [ir.Store("b0", index, value)]))
-    arrays = [s for s in body if isinstance(s, ir.LocalArray)]
-    rest_body = [s for s in body if not isinstance(s, ir.LocalArray)]
+    body += tiling.k_loop(lambda kk, oo: ir.alu("add", ir.alu("mul", kk, const(XW)), oo),
+                          lambda kk, oo: ir.alu("add", ir.alu("mul", kk, const(YW)), oo),
+                          compute, opts.prefetch)
+    row0 = ir.alu("mul", tiling.tm, const(BM))
+    col0 = ir.alu("mul", tiling.tn, const(BN))
+    body += [tiling.store(ir.alu("add", row0, row_of(i)), ir.alu("add", col0, col_of(j)),
+                          ir.var(f"c{i}_{j}", acc_dtype)) for i in range(TM) for j in range(TN)]
     meta = dict(meta, template=f"gemm {opts.describe()}", min_blocks=opts.min_blocks)
-    return ir.Kernel(name, params, arrays + rest_body, groups, threads, meta)
+    return tiling.kernel(name, params, body, meta)
 
 
 @dataclass

@@ -15,9 +15,10 @@ expression) runs on each accumulator before the store, as in the SIMT template.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from anygpu.codegen import ir
-from anygpu.codegen.templates.gemm import Contraction, Dims, clamped, element_env, split
+from anygpu.codegen.templates.gemm import Contraction, Tiling
 from anygpu.dtype import float32
 
 
@@ -60,10 +61,8 @@ def choose(c: Contraction, dialect: str, cc: tuple[int, int], tf32_allowed: bool
     return opts if opts.threads <= max_local else None
 
 
-def build(ast, c: Contraction, opts: MmaOptions, params: list[ir.Param], name: str,
+def build(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.Param], name: str,
           meta: dict) -> ir.Kernel:
-    dt = ast.index_dtype
-    M, N, K = c.M, c.N, c.K
     BM, BN, BK = opts.block_m, opts.block_n, opts.block_k
     WM, WN = BM // opts.warps_m, BN // opts.warps_n  # a warp's tile
     MI, NI = WM // 16, WN // 8  # fragments per warp
@@ -71,16 +70,8 @@ def build(ast, c: Contraction, opts: MmaOptions, params: list[ir.Param], name: s
     shape = "m16n8k8" if opts.tf32 else "m16n8k16"
     store_dtype = c.x.dtype  # float16, bfloat16, or float32 for tf32
     LD = BK + (4 if opts.tf32 else 8)  # padded row length of the local tiles
-    threads = opts.threads
-    acc_dtype = ast.stages[0].dtype
-    tiles_m, tiles_n = -(-M // BM), -(-N // BN)
-    batch_total = 1
-    for _, s in c.batch:
-        batch_total *= s
-    groups = tiles_m * tiles_n * batch_total
-
-    def const(v: int) -> ir.Expr:
-        return ir.const(v, dt)
+    tiling = Tiling(ast, c, BM, BN, BK, opts.threads)
+    dt, const = tiling.dt, tiling.const
 
     def add(*xs: ir.Expr) -> ir.Expr:
         out = xs[0]
@@ -91,21 +82,11 @@ def build(ast, c: Contraction, opts: MmaOptions, params: list[ir.Param], name: s
     def mul(a: ir.Expr, b: int) -> ir.Expr:
         return ir.alu("mul", a, const(b))
 
-    lid, gid = ir.cast(ir.special("lid"), dt), ir.cast(ir.special("gid"), dt)
     body: list[ir.Stmt] = [ir.LocalArray("xs", store_dtype, BM * LD, stored=True),
                            ir.LocalArray("ys", store_dtype, BN * LD, stored=True)]
-    body.append(ir.Decl("tn", dt, ir.alu("mod", gid, const(tiles_n))))
-    rest = ir.alu("idiv", gid, const(tiles_n))
-    body.append(ir.Decl("tm", dt, ir.alu("mod", rest, const(tiles_m))))
-    rest = ir.alu("idiv", rest, const(tiles_m))
-    batch_env: dict[str, ir.Expr] = {}
-    for bname, bsize in reversed(c.batch):
-        body.append(ir.Decl(bname, dt, ir.alu("mod", rest, const(bsize))))
-        batch_env[bname] = ir.var(bname, dt)
-        rest = ir.alu("idiv", rest, const(bsize))
-    tm, tn = ir.var("tm", dt), ir.var("tn", dt)
-    body += [ir.Decl("warp", dt, ir.alu("idiv", lid, const(32))),
-             ir.Decl("lane", dt, ir.alu("mod", lid, const(32)))]
+    body += tiling.tile_decls()
+    body += [ir.Decl("warp", dt, ir.alu("idiv", tiling.lid, const(32))),
+             ir.Decl("lane", dt, ir.alu("mod", tiling.lid, const(32)))]
     warp, lane = ir.var("warp", dt), ir.var("lane", dt)
     body += [ir.Decl("wm", dt, ir.alu("idiv", warp, const(opts.warps_n))),
              ir.Decl("wn", dt, ir.alu("mod", warp, const(opts.warps_n))),
@@ -113,37 +94,8 @@ def build(ast, c: Contraction, opts: MmaOptions, params: list[ir.Param], name: s
              ir.Decl("t", dt, ir.alu("mod", lane, const(4)))]
     wm, wn, g, t = (ir.var(v, dt) for v in ("wm", "wn", "g", "t"))
     accs = [[[f"c{i}_{j}_{r}" for r in range(4)] for j in range(NI)] for i in range(MI)]
-    for frag_row in accs:
-        for names in frag_row:
-            body += [ir.Decl(nm, float32, ir.const(0, float32)) for nm in names]
-    k0 = ir.var("k0", dt)
-
-    def staged(value: ir.Expr, outer: Dims, block: int, tile: ir.Expr,
-               contiguous_k: bool, k_step: ir.Expr) -> list[tuple[ir.Expr, ir.Expr]]:
-        """(local index, value) for each element this thread stages of one tile ([row][k])."""
-        out = []
-        for j in range(BK * block // threads):
-            e = add(lid, const(threads * j))
-            if contiguous_k:
-                kk, oo = ir.alu("mod", e, const(BK)), ir.alu("idiv", e, const(BK))
-            else:
-                kk, oo = ir.alu("idiv", e, const(block)), ir.alu("mod", e, const(block))
-            o = add(mul(tile, block), oo)
-            kg = add(k_step, kk)
-            size = 1
-            for _, s in outer:
-                size *= s
-            inside = ir.alu("and", ir.alu("lt", o, const(size)), ir.alu("lt", kg, const(K)))
-            env = element_env(batch_env, outer, clamped(o, size), c.ks, clamped(kg, K))
-            v = ir.cast(ir.substitute(value, env), acc_dtype)
-            v = ir.alu("where", inside, v, ir.const(0, acc_dtype))
-            out.append((add(mul(oo, LD), kk), v))
-        return out
-
-    def stage_tile(k_step: ir.Expr) -> list[tuple[str, ir.Expr, ir.Expr]]:
-        parts = [("xs", *p) for p in staged(c.x, c.ms, BM, tm, c.x_contiguous_k, k_step)]
-        parts += [("ys", *p) for p in staged(c.y, c.ns, BN, tn, not c.y_contiguous_n, k_step)]
-        return parts
+    body += [ir.Decl(nm, float32, ir.const(0, float32))
+             for frag_row in accs for names in frag_row for nm in names]
 
     compute: list[ir.Stmt] = []
     for ks in range(BK // KS):
@@ -161,33 +113,14 @@ def build(ast, c: Contraction, opts: MmaOptions, params: list[ir.Param], name: s
                 b = [("ys", add(mul(n0, LD), cols[q])) for q in range(2)]
                 compute.append(ir.Mma(shape, store_dtype, accs[i][j], a, b))
 
-    first = stage_tile(const(0))
-    regs = [f"p{q}" for q in range(len(first))]
-    body += [ir.Decl(r, acc_dtype, v) for r, (_, _, v) in zip(regs, first)]
-    nxt = stage_tile(add(k0, const(BK)))
-    loop: list[ir.Stmt] = [ir.Store(buf, idx, ir.var(r, acc_dtype))
-                           for r, (buf, idx, _) in zip(regs, first)]
-    loop.append(ir.Barrier())
-    loop.append(ir.If(ir.alu("lt", add(k0, const(BK)), const(K)),
-                      [ir.Assign(r, v) for r, (_, _, v) in zip(regs, nxt)]))
-    loop += compute + [ir.Barrier()]
-    steps = -(-K // BK)
-    body.append(ir.For("k0", const(0), const(steps * BK), const(BK), loop))
+    # both tiles [row][k], so that a thread's fragment register is one 32-bit word
+    def row_major(kk: ir.Expr, oo: ir.Expr) -> ir.Expr:
+        return add(mul(oo, LD), kk)
 
-    for i in range(MI):
-        for j in range(NI):
-            for r in range(4):
-                row = add(mul(tm, BM), mul(wm, WM), const(i * 16 + 8 * (r // 2)), g)
-                col = add(mul(tn, BN), mul(wn, WN), const(j * 8 + r % 2), mul(t, 2))
-                env = dict(batch_env)
-                env.update(split(c.ms, row))
-                env.update(split(c.ns, col))
-                env["acc0"] = ir.cast(ir.var(accs[i][j][r], float32), acc_dtype)
-                value = ir.substitute(ast.out_value, env)
-                index = ir.substitute(ast.out_index, env)
-                inside = ir.alu("and", ir.alu("lt", row, const(M)), ir.alu("lt", col, const(N)))
-                body.append(ir.If(inside, [ir.Store("b0", index, value)]))
-    arrays = [s for s in body if isinstance(s, ir.LocalArray)]
-    others = [s for s in body if not isinstance(s, ir.LocalArray)]
-    return ir.Kernel(name, params, arrays + others, groups, threads,
-                     dict(meta, template=f"gemm {opts.describe()}"))
+    body += tiling.k_loop(row_major, row_major, compute, prefetch=True)
+    tm, tn = tiling.tm, tiling.tn
+    body += [tiling.store(add(mul(tm, BM), mul(wm, WM), const(i * 16 + 8 * (r // 2)), g),
+                          add(mul(tn, BN), mul(wn, WN), const(j * 8 + r % 2), mul(t, 2)),
+                          ir.var(accs[i][j][r], float32))
+             for i in range(MI) for j in range(NI) for r in range(4)]
+    return tiling.kernel(name, params, body, dict(meta, template=f"gemm {opts.describe()}"))
