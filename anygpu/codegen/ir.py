@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from anygpu.dtype import DType, bool_, int32, wrap_int
@@ -235,17 +236,59 @@ class VecLoad:
 class Mma:
     """A warp's matrix multiply-accumulate on tensor cores (CUDA's ``mma.sync``): ``acc`` (four
     float32 variables per thread) += A (16 x k) @ B (k x 8), with ``shape`` "m16n8k16" (float16,
-    bfloat16) or "m16n8k8" (tf32 from float32). ``a`` and ``b`` name the local-array elements
-    holding each thread's fragment registers (32 bits each: two halves, or one float32)."""
+    bfloat16) or "m16n8k8" (tf32 from float32). ``a`` and ``b`` give each thread's fragment
+    registers (32 bits each: two halves, or one float32): a local-array element ``(buf,
+    index)``, or the name of a register that :class:`LdMatrix` declared."""
 
     shape: str
     dtype: DType
     acc: list[str]
-    a: list[tuple[str, Expr]]
-    b: list[tuple[str, Expr]]
+    a: Sequence[tuple[str, Expr] | str]
+    b: Sequence[tuple[str, Expr] | str]
 
 
-Stmt = Decl | Assign | Store | For | If | Barrier | LocalArray | VecLoad | Mma
+@dataclass
+class LdMatrix:
+    """Declares ``names`` (four 32-bit registers) from four 8 x 8 matrices of 16-bit elements in
+    local array ``buf`` (CUDA's ``ldmatrix``): a warp's lanes 8q to 8q+7 each give in ``index``
+    the first element of one row of matrix q, and each lane receives two neighbouring elements
+    of each matrix, in the layout of an ``Mma`` fragment; ``trans`` transposes the matrices."""
+
+    names: list[str]
+    buf: str
+    index: Expr
+    trans: bool = False
+
+
+@dataclass
+class AsyncCopy:
+    """Starts copying 16 bytes from ``src[src_index]`` on (a kernel parameter) to
+    ``dst[dst_index]`` on (a local array), bypassing registers (CUDA's ``cp.async``); the bytes
+    are zeros where ``valid`` is false. The copy is complete after the :class:`AsyncWait` that
+    follows the :class:`AsyncCommit` closing its group."""
+
+    dst: str
+    dst_index: Expr
+    src: str
+    src_index: Expr
+    valid: Expr
+
+
+@dataclass
+class AsyncCommit:
+    """Closes the group of async copies this thread started since the last commit."""
+
+
+@dataclass
+class AsyncWait:
+    """Waits until at most ``pending`` of this thread's committed groups are in flight (a
+    barrier then makes every thread's finished copies visible to the group)."""
+
+    pending: int
+
+
+Stmt = (Decl | Assign | Store | For | If | Barrier | LocalArray | VecLoad | Mma | LdMatrix
+        | AsyncCopy | AsyncCommit | AsyncWait)
 
 
 @dataclass

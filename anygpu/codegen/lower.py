@@ -382,8 +382,9 @@ def _accumulate(stage: Stage, name: str) -> ir.Stmt:
 def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
           features: dict | None = None) -> ir.Kernel:
     """Choose loops for the kernel on a device: plain loops on cpu, work-groups on GPUs.
-    ``features`` describes the device beyond its dialect: "cc" (CUDA compute capability) and
-    "tf32" (whether float32 products may use tf32 tensor cores)."""
+    ``features`` describes the device beyond its dialect: "cc" (CUDA compute capability),
+    "tf32" (whether float32 products may use tf32 tensor cores) and "max_shared" (the local
+    memory a work-group may take, in bytes)."""
     params = [ir.Param("b0", ast.output.dtype, True)] + \
         [ir.Param(f"b{i + 1}", n.dtype, False) for i, n in enumerate(ast.inputs)]
     outer_total = math.prod(d[1] for d in ast.outer)
@@ -405,11 +406,11 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
     contraction = gemm.match(ast)
     features = features or {}
     if contraction is not None:
-        mma_opts = mma.choose(contraction, dialect, features.get("cc", (0, 0)),
-                              features.get("tf32", False), max_local)
+        mma_opts = mma.choose(contraction, dialect, features, max_local)
         if mma_opts is not None:
-            return mma.build(ast, contraction, mma_opts, params, "gemm_" + sizes,
-                             {"bytes": kernel_bytes(ast)})
+            build = mma.build_pipelined if mma_opts.stages else mma.build
+            return build(ast, contraction, mma_opts, params, "gemm_" + sizes,
+                         {"bytes": kernel_bytes(ast)})
     opts = gemm.choose(contraction, max_local) if contraction is not None else None
     if contraction is not None and opts is not None:
         return gemm.build(ast, contraction, opts, params, "gemm_" + sizes,

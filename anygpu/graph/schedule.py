@@ -267,7 +267,8 @@ def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
     if hit is None:
         for p in [node, *ast.inputs]:
             device.check_dtype(p.dtype)
-        features = {"cc": device.info.extra.get("cc", (0, 0)), "tf32": tf32}
+        features = {"cc": device.info.extra.get("cc", (0, 0)), "tf32": tf32,
+                    "max_shared": device.info.extra.get("max_shared", 48 * 1024)}
         kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size, features)
         source = render(kernel, device.dialect)
         if config.get().debug >= 2:

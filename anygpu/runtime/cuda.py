@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import threading
 from array import array
 from collections.abc import Callable, Sequence
@@ -40,6 +41,9 @@ _MAX_PENDING_COPIES = 256
 # Packed kernel-parameter sets each program keeps (see GPUProgram._pack).
 _MAX_PARAM_SETS = 256
 
+# The first line of a kernel's source that takes dynamic shared memory.
+_DYNAMIC_SHARED = re.compile(r"/\* dynamic shared memory: (\d+) bytes \*/")
+
 # The device whose context each thread last made current, so driver calls skip that step.
 _current = threading.local()
 
@@ -53,9 +57,11 @@ class GPUProgram(Program):
 
     device: GPUDevice
 
-    def __init__(self, device: GPUDevice, name: str, module: Any, function: Any):
+    def __init__(self, device: GPUDevice, name: str, module: Any, function: Any,
+                 shared_bytes: int = 0):
         super().__init__(device, name)
         self.module, self.function = module, function
+        self.shared_bytes = shared_bytes  # dynamic shared memory per work-group
         self._launch = device.drv.cuLaunchKernel
         # buffer addresses -> (the void** cuLaunchKernel takes, the arrays behind it)
         self._params: dict[tuple[int, ...], tuple[int | None, array, array]] = {}
@@ -96,7 +102,8 @@ class GPUProgram(Program):
         try:
             if wait:
                 dev._check(dev.drv.cuEventRecord, dev._start, dev._stream)
-            (err,) = self._launch(self.function, gx, gy, gz, lx, ly, lz, 0, dev._stream,
+            (err,) = self._launch(self.function, gx, gy, gz, lx, ly, lz, self.shared_bytes,
+                                  dev._stream,
                                   packed[0], 0)
             if err:
                 raise dev._error(err, self._launch, f" of kernel {self.name} with grid "
@@ -125,6 +132,7 @@ class GPUDevice(Device):
     vendor_driver: str = ""  # the driver's name in messages ("NVIDIA driver")
     out_of_memory: Any = None  # the driver's out-of-memory error code
     stream_flags: int = 1  # CU_STREAM_NON_BLOCKING / hipStreamNonBlocking
+    max_dynamic_shared: Any = None  # the function attribute that raises the shared memory limit
 
     @classmethod
     def count(cls) -> int:
@@ -300,10 +308,17 @@ class GPUDevice(Device):
         module = self._check(self.drv.cuModuleLoadData, binary)
         try:
             function = self._check(self.drv.cuModuleGetFunction, module, name.encode())
+            # a kernel with more than 48 KiB of shared memory takes it dynamically and says how
+            # much on its first line (codegen/render/cuda.py); the function must opt in
+            found = _DYNAMIC_SHARED.match(source)
+            shared = int(found.group(1)) if found else 0
+            if shared > 48 * 1024:
+                self._check(self.drv.cuFuncSetAttribute, function, self.max_dynamic_shared,
+                            shared)
         except DeviceError:
             self.drv.cuModuleUnload(module)
             raise
-        return GPUProgram(self, name, module, function)
+        return GPUProgram(self, name, module, function, shared)
 
 
 def _missing_header(log: str) -> bool:
@@ -393,6 +408,8 @@ class CUDADevice(GPUDevice):
     vendor_driver = "NVIDIA driver"
     out_of_memory = driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY if driver else None
     stream_flags = int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING) if driver else 1
+    max_dynamic_shared = (driver.CUfunction_attribute
+                          .CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES if driver else None)
 
     def _open_context(self) -> None:
         self._device = self._check(self.drv.cuDeviceGet, self.index)
@@ -436,7 +453,8 @@ class CUDADevice(GPUDevice):
                     f"NVRTC {rtc_major}.{rtc_minor} sm_{major}{minor}"),
             max_local_size=self._attribute(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
             local_memory=self._attribute(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK),
-            extra={"cc": self.compute_capability})
+            extra={"cc": self.compute_capability, "max_shared": self._attribute(
+                attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)})
 
     def supports(self, dtype: DType) -> bool:
         if dtype == float16:

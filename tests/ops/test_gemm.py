@@ -164,3 +164,80 @@ def test_tensor_core_kernel_renders() -> None:
     assert "__shared__ __align__(16) float xs[" in source
     simt = lower.to_ir(item.ast, "cuda", 1024, {"cc": (7, 5), "tf32": True}).meta["template"]
     assert "tensor cores" not in simt and "per thread" in simt  # before sm_80: the SIMT one
+
+
+def _template(t: ag.Tensor) -> str:
+    dev = get_device(t.device)
+    features = {"cc": dev.info.extra.get("cc", (0, 0)),
+                "max_shared": dev.info.extra.get("max_shared", 48 * 1024)}
+    items = [i for i in schedule([t.lazy]) if isinstance(i, KernelItem)]
+    return lower.to_ir(items[-1].ast, dev.dialect, dev.info.max_local_size,
+                       features).meta.get("template", "")
+
+
+def _pipelined_here(device: str) -> bool:
+    dev = get_device(device)
+    return dev.dialect == "cuda" and dev.info.extra.get("cc", (0, 0)) >= (8, 0)
+
+
+@pytest.mark.parametrize("dtype", [ag.float16, ag.bfloat16])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_half_precision_tensor_cores(device: str, dtype: ag.DType, ta: bool, tb: bool) -> None:
+    """float16 and bfloat16 products large enough for the pipelined tensor-core template on CUDA
+    (cp.async and ldmatrix; transposed operands read in place through ldmatrix's transpose), at
+    sizes that are no multiple of its tiles and a k that is no multiple of its step, with a
+    fused bias and activation; elsewhere the same products through the device's template."""
+    if not get_device(device).supports(dtype):
+        pytest.skip(f"{dtype.name} is not supported on {device}")
+    m, k, n = 200, 264, 136
+    a = _rand((k, m) if ta else (m, k), 23)
+    b = _rand((n, k) if tb else (k, n), 24)
+    bias = _rand((n,), 25)
+    x = ag.tensor(a, device=device).cast(dtype).realize()
+    y = ag.tensor(b, device=device).cast(dtype).realize()
+    x, y = x.T if ta else x, y.T if tb else y
+    out = (x @ y + ag.tensor(bias, device=device).cast(dtype)).relu()
+    assert ("cp.async" in _template(out)) == _pipelined_here(device)
+    ta_, tb_ = (torch.from_numpy(v).to(TORCH[dtype]).float() for v in (a, b))
+    want = ((ta_.T if ta else ta_) @ (tb_.T if tb else tb_) +
+            torch.from_numpy(bias).to(TORCH[dtype]).float()).relu()
+    _check(out, want, dtype)
+
+
+def test_half_precision_batched_and_unaligned(device: str) -> None:
+    """A batched float16 product through the pipelined template, and one whose k (a multiple of
+    no 8) keeps its rows from 16-byte copies, so another template takes it."""
+    if not get_device(device).supports(ag.float16):
+        pytest.skip(f"float16 is not supported on {device}")
+    for shape_a, shape_b, pipelined in [((3, 200, 96), (3, 96, 136), True),
+                                        ((150, 100), (100, 120), False)]:
+        a, b = _rand(shape_a, 26), _rand(shape_b, 27)
+        x = ag.tensor(a, device=device).half().realize()
+        out = x @ ag.tensor(b, device=device).half().realize()
+        assert ("cp.async" in _template(out)) == (pipelined and _pipelined_here(device))
+        want = torch.from_numpy(a).half().float() @ torch.from_numpy(b).half().float()
+        _check(out, want, ag.float16)
+
+
+def test_pipelined_tensor_core_kernel_renders() -> None:
+    """The float16 pipelined kernel as CUDA renders it (checked here without a GPU; the GPU check
+    runs it): a ring of cp.async stages in dynamic shared memory, ldmatrix fragments (transposed
+    for an operand whose rows are not along k) and one mma.sync per 16 x 8 fragment and 16 of k."""
+    from anygpu.codegen.render.cstyle import render
+
+    a = ag.tensor(_rand((2048, 512), 28)).half().realize()
+    b = ag.tensor(_rand((512, 2048), 29)).half().realize()
+    item = [i for i in schedule([(a @ b).lazy]) if isinstance(i, KernelItem)][-1]
+    kernel = lower.to_ir(item.ast, "cuda", 1024, {"cc": (9, 0), "max_shared": 227 * 1024})
+    assert "128x128x64 tiles, 2x2 warps, 3-stage cp.async" in kernel.meta["template"]
+    source = render(kernel, "cuda")
+    assert source.startswith("/* dynamic shared memory: ")
+    assert "extern __shared__" in source
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in source  # y is [k][n]
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in source  # x is [m][k]
+    # 4 steps of 16 in k, each 4 x 8 fragments of 16 x 8 per warp
+    assert source.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 4 * 4 * 8
+    assert source.count("cp.async.wait_group") == 2
+    small = lower.to_ir(item.ast, "cuda", 1024, {"cc": (8, 6), "max_shared": 48 * 1024})
+    assert "2-stage cp.async" in small.meta["template"]  # what 48 KiB holds
+    assert not render(small, "cuda").startswith("/* dynamic")

@@ -305,10 +305,19 @@ class CStyleRenderer:
             for line in self.vector_load(st, self.expr(st.index, True)):
                 self.emit(line)
         elif isinstance(st, ir.Mma):
-            self.emit(self.mma(st, [self.expr(i) for _, i in st.a],
-                               [self.expr(i) for _, i in st.b]))
+            self.emit(self.mma(st, [self.fragment(f) for f in st.a],
+                               [self.fragment(f) for f in st.b]))
+        elif isinstance(st, (ir.LdMatrix, ir.AsyncCopy, ir.AsyncCommit, ir.AsyncWait)):
+            self.emit(self.async_stmt(st))
         else:
             raise AssertionError(st)
+
+    def fragment(self, f: tuple[str, ir.Expr] | str) -> str:
+        """An mma fragment register: a local-array element or a register variable."""
+        return f if isinstance(f, str) else f"{f[0]}[{self.expr(f[1])}]"
+
+    def async_stmt(self, st: ir.LdMatrix | ir.AsyncCopy | ir.AsyncCommit | ir.AsyncWait) -> str:
+        raise NotImplementedError(f"{type(st).__name__} is not available in {self.dialect}")
 
     def declare_var(self, name: str, dtype: DType, init: str) -> str:
         return f"{self.compute_type(dtype)} {name} = {init};"
@@ -389,7 +398,11 @@ def _stmt_exprs(st: ir.Stmt) -> list[ir.Expr]:
     if isinstance(st, ir.VecLoad):
         return [st.index]
     if isinstance(st, ir.Mma):
-        return [i for _, i in st.a + st.b]
+        return [f[1] for f in [*st.a, *st.b] if not isinstance(f, str)]
+    if isinstance(st, ir.LdMatrix):
+        return [st.index]
+    if isinstance(st, ir.AsyncCopy):
+        return [st.dst_index, st.src_index, st.valid]
     return []
 
 

@@ -54,13 +54,19 @@ class CUDARenderer(CStyleRenderer):
 
     def local_array(self, st: ir.LocalArray) -> str:  # aligned for vector loads
         t = self.storage_type(st.dtype) if st.stored else self.compute_type(st.dtype)
+        offset = self.shared_offsets.get(st.name)
+        if offset is not None:  # a part of the dynamic shared memory
+            head = "extern __shared__ __align__(16) unsigned char dynamic_shared[]; " \
+                if offset == 0 else ""
+            return f"{head}{t}* {st.name} = reinterpret_cast<{t}*>(dynamic_shared + {offset});"
         return f"__shared__ __align__(16) {t} {st.name}[{st.size}];"
 
     def mma(self, st: ir.Mma, a: list[str], b: list[str]) -> str:
         kind = {float16: "f16", bfloat16: "bf16"}.get(st.dtype, "tf32")
         ops = ", ".join(f'"+f"({c})' for c in st.acc)
-        regs = [f'"r"(*reinterpret_cast<const unsigned*>(&{buf}[{i}]))'
-                for (buf, _), i in zip(st.a + st.b, a + b)]
+        regs = [f'"r"({r})' if isinstance(f, str) else
+                f'"r"(*reinterpret_cast<const unsigned*>(&{r}))'
+                for f, r in zip([*st.a, *st.b], a + b)]
         na = len(st.a)
         a_list = ",".join(f"%{4 + i}" for i in range(na))
         b_list = ",".join(f"%{4 + na + i}" for i in range(len(st.b)))
@@ -68,8 +74,39 @@ class CUDARenderer(CStyleRenderer):
                 f'{{%0,%1,%2,%3}}, {{{a_list}}}, {{{b_list}}}, {{%0,%1,%2,%3}};" : {ops} : '
                 f'{", ".join(regs)});')
 
+    def async_stmt(self, st: ir.LdMatrix | ir.AsyncCopy | ir.AsyncCommit | ir.AsyncWait) -> str:
+        if isinstance(st, ir.LdMatrix):
+            regs = ", ".join(f'"=r"({n})' for n in st.names)
+            trans = ".trans" if st.trans else ""
+            return (f"unsigned {', '.join(st.names)}; "
+                    f'asm volatile("ldmatrix.sync.aligned.m8n8.x4{trans}.shared.b16 '
+                    f'{{%0,%1,%2,%3}}, [%4];" : {regs} : '
+                    f'"r"((unsigned)__cvta_generic_to_shared(&{st.buf}[{self.expr(st.index)}])));')
+        if isinstance(st, ir.AsyncCopy):
+            dst = f"(unsigned)__cvta_generic_to_shared(&{st.dst}[{self.expr(st.dst_index)}])"
+            return (f'asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: '
+                    f'"r"({dst}), "l"(&{st.src}[{self.expr(st.src_index)}]), '
+                    f'"r"(({self.expr(st.valid)}) ? 16 : 0));')
+        if isinstance(st, ir.AsyncCommit):
+            return 'asm volatile("cp.async.commit_group;");'
+        return f'asm volatile("cp.async.wait_group {st.pending};" ::: "memory");'
+
     def vector_read(self, buf: str, index: str, n: int) -> str | None:
         return f"*reinterpret_cast<const float{n}*>(&{buf}[{index}])"
+
+    def render(self, kernel: ir.Kernel) -> str:
+        # a kernel that asks for more than the 48 KiB of static shared memory gets its local
+        # arrays as parts of one dynamic allocation; the comment on the first line tells the
+        # runtime how much to request at launch (see runtime/cuda.py)
+        self.shared_offsets: dict[str, int] = {}
+        total = 0
+        if kernel.meta.get("dynamic_shared"):
+            for st in kernel.body:
+                if isinstance(st, ir.LocalArray):
+                    self.shared_offsets[st.name] = total
+                    total += -(-st.size * st.dtype.itemsize // 16) * 16
+        source = super().render(kernel)
+        return f"/* dynamic shared memory: {total} bytes */\n{source}" if total else source
 
     def signature(self, kernel: ir.Kernel) -> str:
         sig = super().signature(kernel)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from anygpu.codegen import ir
-from anygpu.dtype import float32
+from anygpu.dtype import DType, float32
 
 
 VEC = 4  # local-memory reads of 4 neighbouring values at once (one instruction where it can)
@@ -409,9 +409,10 @@ class HostPlan:
     order: list[str]
 
 
-def _operand(e: ir.Expr, axes: list[tuple[str, int]]) -> Operand | None:
-    """``e`` as a plain float32 load whose index is exactly linear in ``axes``, else None."""
-    if e.op != "load" or len(e.srcs) != 1 or e.dtype != float32:
+def linear_operand(e: ir.Expr, axes: Dims, dtype: DType = float32) -> Operand | None:
+    """``e`` as a plain (unguarded) load of ``dtype`` whose index is exactly linear in
+    ``axes``, else None."""
+    if e.op != "load" or len(e.srcs) != 1 or e.dtype != dtype:
         return None
     index = e.srcs[0]
     base = _evaluate(index, {})
@@ -438,8 +439,8 @@ def host_plan(ast, c: Contraction) -> HostPlan | None:
     operand is not) and the product accumulates in float32."""
     if ast.stages[0].dtype != float32 or len(c.ms) != 1 or len(c.ns) != 1 or len(c.ks) != 1:
         return None
-    x = _operand(c.x, c.batch + [c.ms[0], c.ks[0]])
-    y = _operand(c.y, c.batch + [c.ks[0], c.ns[0]])
+    x = linear_operand(c.x, c.batch + [c.ms[0], c.ks[0]])
+    y = linear_operand(c.y, c.batch + [c.ks[0], c.ns[0]])
     if x is None or y is None:
         return None
     return HostPlan(x, y, c.batch, c.ms[0], c.ns[0], c.ks[0], [name for name, _, _ in ast.outer])

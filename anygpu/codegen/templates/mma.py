@@ -1,25 +1,34 @@
-"""The tensor-core GEMM template (CUDA ``mma.sync``, compute capability 8.0 and newer): the same
-contractions as ``gemm.py``, in float32 as tf32 when the user allows it
-(``anygpu.set_float32_matmul_precision("high")``); float16 and bfloat16 build too, but are not
-chosen yet (see ``choose``).
+"""The tensor-core GEMM templates (CUDA ``mma.sync``, compute capability 8.0 and newer): the
+same contractions as ``gemm.py``, on float16 and bfloat16, and on float32 as tf32 when the user
+allows it (``anygpu.set_float32_matmul_precision("high")``). Every variant accumulates in float32
+registers, and the epilogue (the kernel's output expression) runs on each accumulator before the
+store, as in the SIMT template.
 
-A work-group of 8 warps computes a 128 x 128 tile; each warp a 64 x 32 part of it as 4 x 4
-fragments of 16 x 8, accumulating in float32 registers. Per step of ``block_k`` the group stages
-the operand tiles in local memory in their storage type, both laid out [row][k] (x as [m][k], y
-as [n][k]) so that a thread's fragment register is one 32-bit word, with rows padded so that a
-warp's fragment reads fall in distinct banks. The next step's elements are loaded into registers
-while the tensor cores work on the current one, and the epilogue (the kernel's output
-expression) runs on each accumulator before the store, as in the SIMT template.
+- **Pipelined** (``build_pipelined``; float16 and bfloat16 operands that are plain loads from
+  memory, contiguous along k or along their rows or columns in runs of 8): each step's operand
+  tiles go from global to local memory through ``cp.async`` (no registers, no conversions), in
+  a ring of ``stages`` buffers, so that the copies of the next steps overlap the tensor cores'
+  work on the current one; warps read their fragments with ``ldmatrix`` (transposed where the
+  operand's contiguous axis is not k). Local tiles keep the operand's layout, rows padded by 8
+  elements so that ldmatrix's eight row reads fall in distinct banks.
+- **Staged through registers** (``build``; tf32, and operands that are computed, such as a
+  convolution's padded windows): 8 warps on a 128 x 128 tile, each a 64 x 32 part as 4 x 4
+  fragments of 16 x 8. Per step of ``block_k`` the group stages the operand tiles in local
+  memory in their storage type, both laid out [row][k] so that a thread's fragment register is
+  one 32-bit word; the next step's elements are loaded into registers while the tensor cores
+  work on the current one.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from anygpu.codegen import ir
-from anygpu.codegen.templates.gemm import Contraction, Tiling
-from anygpu.dtype import float32
+from anygpu.codegen.templates.gemm import (Contraction, Dims, Tiling, clamped, element_env,
+                                           linear_operand)
+from anygpu.dtype import DType, bfloat16, bool_, float16, float32
 
 
 @dataclass(frozen=True)
@@ -30,6 +39,7 @@ class MmaOptions:
     warps_m: int = 2
     warps_n: int = 4
     tf32: bool = False
+    stages: int = 0  # cp.async ring buffers (pipelined template); 0: staged through registers
 
     @property
     def threads(self) -> int:
@@ -37,28 +47,82 @@ class MmaOptions:
 
     def describe(self) -> str:
         kind = "tf32" if self.tf32 else "f16/bf16"
+        staging = f"{self.stages}-stage cp.async" if self.stages else "register staging"
         return (f"tensor cores ({kind}), {self.block_m}x{self.block_n}x{self.block_k} tiles, "
-                f"{self.warps_m}x{self.warps_n} warps")
+                f"{self.warps_m}x{self.warps_n} warps, {staging}")
 
 
-def choose(c: Contraction, dialect: str, cc: tuple[int, int], tf32_allowed: bool,
-           max_local: int) -> MmaOptions | None:
-    """Options for a contraction on tensor cores, or None where they do not apply."""
+def add(*xs: ir.Expr) -> ir.Expr:
+    out = xs[0]
+    for x in xs[1:]:
+        out = ir.alu("add", out, x)
+    return out
+
+
+def mul(a: ir.Expr, b: int) -> ir.Expr:
+    return ir.alu("mul", a, ir.const(b, a.dtype))
+
+
+def choose(c: Contraction, dialect: str, features: dict, max_local: int) -> MmaOptions | None:
+    """Options for a contraction on tensor cores, or None where they do not apply. ``features``:
+    "cc" (compute capability), "tf32" (whether float32 may run as tf32), "max_shared" (local
+    memory a work-group may take, in bytes)."""
+    cc = features.get("cc", (0, 0))
     if dialect != "cuda" or cc < (8, 0) or c.x.dtype != c.y.dtype:
         return None
     dtype = c.x.dtype
     m, n, k = c.M, c.N, c.K
     if m < 64 or n < 64 or k < 32 or m * n * k < 1 << 21:
         return None
-    if dtype == float32 and tf32_allowed:
+    operands = async_operands(c)
+    opts: MmaOptions | None = None
+    if dtype == float32 and features.get("tf32", False):
         opts = MmaOptions(block_k=8, tf32=True)
-    else:
-        # float16 and bfloat16 build and compute correctly here, but ran at 11.7 TFLOP/s on an
-        # H100 (4096^3), below the SIMT template's 20: 77% of the warps' cycles waited on the
-        # staging loads (Nsight Compute: L1TEX scoreboard). They stay with the SIMT template
-        # until the staging copies through cp.async without registers or conversions.
+    elif dtype in (float16, bfloat16) and operands is not None:
+        # 4096^3 float16 on an H100: 128x128x64 in 3 stages 293 TFLOP/s, 256x128x64 298,
+        # 128x256x32 277; fewer output tiles than SMs take 64x64 tiles
+        few = m * n < 128 * 128 * 132
+        block = 64 if few else 128
+        for bk, stages in ((64, 3), (32, 3), (32, 2)):
+            candidate = MmaOptions(block, block, bk, 2, 2, stages=stages)
+            if shared_bytes(candidate, operands, dtype) <= features.get("max_shared", 48 * 1024):
+                opts = candidate
+                break
+    # float16 and bfloat16 operands that are computed (a convolution's padded windows) are left
+    # to the SIMT template: staged through registers here they ran at 11.7 TFLOP/s on an H100
+    # (4096^3), below its 20 (77% of the cycles waited on the staging loads)
+    return opts if opts is not None and opts.threads <= max_local else None
+
+
+@dataclass(frozen=True)
+class AsyncOperand:
+    """An operand that copies to local memory in 16-byte runs: a plain load whose elements are
+    consecutive along ``contiguous`` ("k", or "outer": its rows for x, its columns for y) in
+    runs of 8 that start at multiples of 8 elements."""
+
+    contiguous: str
+
+
+def _async_operand(e: ir.Expr, outer: Dims, ks: Dims, batch: Dims) -> AsyncOperand | None:
+    if e.dtype not in (float16, bfloat16):
         return None
-    return opts if opts.threads <= max_local else None
+    op = linear_operand(e, batch + outer + ks, e.dtype)
+    if op is None or op.offset % 8:
+        return None
+    axes = batch + outer + ks
+    for along, inner in (("k", ks[-1]), ("outer", outer[-1])):
+        others = [s for s, d in zip(op.strides, axes) if d != inner]
+        if op.strides[axes.index(inner)] == 1 and inner[1] % 8 == 0 and \
+                all(s % 8 == 0 for s in others):
+            return AsyncOperand(along)
+    return None
+
+
+def async_operands(c: Contraction) -> tuple[AsyncOperand, AsyncOperand] | None:
+    """How x and y copy asynchronously, or None where either cannot."""
+    x = _async_operand(c.x, c.ms, c.ks, c.batch)
+    y = _async_operand(c.y, c.ns, c.ks, c.batch)
+    return None if x is None or y is None else (x, y)
 
 
 def build(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.Param], name: str,
@@ -72,15 +136,6 @@ def build(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.Param], na
     LD = BK + (4 if opts.tf32 else 8)  # padded row length of the local tiles
     tiling = Tiling(ast, c, BM, BN, BK, opts.threads)
     dt, const = tiling.dt, tiling.const
-
-    def add(*xs: ir.Expr) -> ir.Expr:
-        out = xs[0]
-        for x in xs[1:]:
-            out = ir.alu("add", out, x)
-        return out
-
-    def mul(a: ir.Expr, b: int) -> ir.Expr:
-        return ir.alu("mul", a, const(b))
 
     body: list[ir.Stmt] = [ir.LocalArray("xs", store_dtype, BM * LD, stored=True),
                            ir.LocalArray("ys", store_dtype, BN * LD, stored=True)]
@@ -124,3 +179,158 @@ def build(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.Param], na
                           ir.var(accs[i][j][r], float32))
              for i in range(MI) for j in range(NI) for r in range(4)]
     return tiling.kernel(name, params, body, dict(meta, template=f"gemm {opts.describe()}"))
+
+
+class Layout:
+    """One operand's local tiles in the pipelined template: ``rows`` of ``width`` elements (its
+    contiguous axis) padded by 8, one tile per stage."""
+
+    def __init__(self, buf: str, how: AsyncOperand, block: int, block_k: int):
+        self.buf, self.block = buf, block
+        self.k_rows = how.contiguous == "k"  # a row per element of the operand's block
+        self.width = block_k if self.k_rows else block
+        self.rows = block if self.k_rows else block_k
+        self.ld = self.width + 8
+        self.size = self.rows * self.ld
+
+    def index(self, stage: ir.Expr, oo: ir.Expr, kk: ir.Expr) -> ir.Expr:
+        row, col = (oo, kk) if self.k_rows else (kk, oo)
+        return add(mul(stage, self.size), mul(row, self.ld), col)
+
+
+def shared_bytes(opts: MmaOptions, operands: tuple[AsyncOperand, AsyncOperand],
+                 dtype: DType) -> int:
+    """Local memory the pipelined template takes with these options."""
+    x = Layout("xs", operands[0], opts.block_m, opts.block_k)
+    y = Layout("ys", operands[1], opts.block_n, opts.block_k)
+    return opts.stages * (x.size + y.size) * dtype.itemsize
+
+
+def build_pipelined(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.Param],
+                    name: str, meta: dict) -> ir.Kernel:
+    """The kernel IR of ``ast`` through the pipelined template (see the module's docstring)."""
+    operands = async_operands(c)
+    assert operands is not None and not opts.tf32 and opts.block_k % 16 == 0
+    BM, BN, BK, S = opts.block_m, opts.block_n, opts.block_k, opts.stages
+    WM, WN = BM // opts.warps_m, BN // opts.warps_n  # a warp's tile
+    MI, NI = WM // 16, WN // 8  # fragments per warp
+    assert NI % 2 == 0  # ldmatrix.x4 reads two fragments of y at once
+    tiling = Tiling(ast, c, BM, BN, BK, opts.threads)
+    dt, const = tiling.dt, tiling.const
+    dtype = c.x.dtype
+
+    lx = Layout("xs", operands[0], BM, BK)
+    ly = Layout("ys", operands[1], BN, BK)
+    body: list[ir.Stmt] = [ir.LocalArray("xs", dtype, S * lx.size, stored=True),
+                           ir.LocalArray("ys", dtype, S * ly.size, stored=True)]
+    body += tiling.tile_decls()
+    lane_vars = {"warp": ir.alu("idiv", tiling.lid, const(32)),
+                 "lane": ir.alu("mod", tiling.lid, const(32))}
+    body += [ir.Decl(nm, dt, v) for nm, v in lane_vars.items()]
+    warp, lane = ir.var("warp", dt), ir.var("lane", dt)
+    body += [ir.Decl("wm", dt, ir.alu("idiv", warp, const(opts.warps_n))),
+             ir.Decl("wn", dt, ir.alu("mod", warp, const(opts.warps_n))),
+             ir.Decl("q", dt, ir.alu("idiv", lane, const(8))),  # the ldmatrix matrix a lane
+             ir.Decl("r", dt, ir.alu("mod", lane, const(8)))]  # addresses, and its row
+    wm, wn, q, r = (ir.var(v, dt) for v in ("wm", "wn", "q", "r"))
+    accs = [[[f"c{i}_{j}_{e}" for e in range(4)] for j in range(NI)] for i in range(MI)]
+    body += [ir.Decl(nm, float32, ir.const(0, float32))
+             for row in accs for names in row for nm in names]
+
+    def copies(step: ir.Expr) -> list[ir.Stmt]:
+        """This thread's cp.async of both operands' tiles at k-step ``step`` (an index, not
+        an offset) into stage buffer ``step % stages``."""
+        stage = ir.alu("mod", step, const(S))
+        k0 = mul(step, BK)
+        out: list[ir.Stmt] = []
+        for lay, e, outer, tile in ((lx, c.x, c.ms, tiling.tm), (ly, c.y, c.ns, tiling.tn)):
+            size = math.prod(s for _, s in outer)
+            per_row = lay.width // 8
+            chunks = lay.rows * per_row
+            for j in range(-(-chunks // opts.threads)):
+                ch = add(tiling.lid, const(opts.threads * j))
+                row = ir.alu("idiv", ch, const(per_row))
+                col = mul(ir.alu("mod", ch, const(per_row)), 8)
+                oo, kk = (row, col) if lay.k_rows else (col, row)
+                o, kg = add(mul(tile, lay.block), oo), add(k0, kk)
+                # an out-of-range run reads nothing, but its address must still be valid and
+                # aligned; where the tiles divide the sizes, no run is out of range
+                o_ragged, k_ragged = size % lay.block != 0, c.K % BK != 0
+                valid = ir.const(True, bool_)
+                if o_ragged:
+                    valid = ir.alu("lt", o, const(size))
+                    o = clamped(o, size - 7) if not lay.k_rows else clamped(o, size)
+                if k_ragged:
+                    valid = ir.alu("and", valid, ir.alu("lt", kg, const(c.K)))
+                    kg = clamped(kg, c.K - 7) if lay.k_rows else clamped(kg, c.K)
+                env = element_env(tiling.batch_env, outer, o, c.ks, kg)
+                src = ir.substitute(e.srcs[0], env)
+                st: ir.Stmt = ir.AsyncCopy(lay.buf, lay.index(stage, oo, kk), e.arg, src, valid)
+                if chunks % opts.threads:
+                    st = ir.If(ir.alu("lt", ch, const(chunks)), [st])
+                out.append(st)
+        return out
+
+    def fragments(stage: ir.Expr) -> list[ir.Stmt]:
+        """The warp's mma over one stage buffer, per 16 of k: the fragments of the next 16 are
+        read (ldmatrix) before the mma of the current ones, so the reads overlap the tensor
+        cores' work (the asm statements keep their order)."""
+        reads, products = [], []
+        for kb in range(0, BK, 16):
+            out: list[ir.Stmt] = []
+            reads.append(out)
+            for i in range(MI):
+                m0 = add(mul(wm, WM), const(i * 16))
+                # matrix q: rows + 8 (q % 2), k + 8 (q / 2)
+                mq, kq = mul(ir.alu("mod", q, const(2)), 8), mul(ir.alu("idiv", q, const(2)), 8)
+                if lx.k_rows:
+                    idx = lx.index(stage, add(m0, mq, r), add(const(kb), kq))
+                else:
+                    idx = lx.index(stage, add(m0, mq), add(const(kb), kq, r))
+                out.append(ir.LdMatrix([f"a{kb}_{i}_{e}" for e in range(4)], "xs", idx,
+                                       trans=not lx.k_rows))
+            for j in range(0, NI, 2):
+                n0 = add(mul(wn, WN), const(j * 8))
+                # matrix q: columns + 8 (q / 2), k + 8 (q % 2)
+                nq, kq = mul(ir.alu("idiv", q, const(2)), 8), mul(ir.alu("mod", q, const(2)), 8)
+                if ly.k_rows:
+                    idx = ly.index(stage, add(n0, nq, r), add(const(kb), kq))
+                else:
+                    idx = ly.index(stage, add(n0, nq), add(const(kb), kq, r))
+                out.append(ir.LdMatrix([f"b{kb}_{j}_{e}" for e in range(4)], "ys", idx,
+                                       trans=not ly.k_rows))
+            mmas: list[ir.Stmt] = []
+            products.append(mmas)
+            for i in range(MI):
+                a = [f"a{kb}_{i}_{e}" for e in range(4)]
+                for j in range(NI):
+                    pair = f"b{kb}_{j - j % 2}"
+                    b = [f"{pair}_{2 * (j % 2)}", f"{pair}_{2 * (j % 2) + 1}"]
+                    mmas.append(ir.Mma("m16n8k16", dtype, accs[i][j], a, b))
+        order = reads[0]
+        for step, mmas in enumerate(products):
+            order += (reads[step + 1] if step + 1 < len(reads) else []) + mmas
+        return order
+
+    steps = -(-c.K // BK)
+    for s in range(S - 1):  # the first stages in flight before the loop
+        if s < steps:
+            body += copies(const(s))
+        body.append(ir.AsyncCommit())
+    kt = ir.var("kt", dt)
+    ahead = add(kt, const(S - 1))
+    loop: list[ir.Stmt] = [ir.AsyncWait(S - 2), ir.Barrier(),
+                           ir.If(ir.alu("lt", ahead, const(steps)), copies(ahead)),
+                           ir.AsyncCommit()]
+    loop += fragments(ir.alu("mod", kt, const(S)))
+    body.append(ir.For("kt", const(0), const(steps), const(1), loop))
+    body.append(ir.AsyncWait(0))
+    tm, tn = tiling.tm, tiling.tn
+    g, t = ir.alu("idiv", lane, const(4)), ir.alu("mod", lane, const(4))
+    body += [tiling.store(add(mul(tm, BM), mul(wm, WM), const(i * 16 + 8 * (e // 2)), g),
+                          add(mul(tn, BN), mul(wn, WN), const(j * 8 + e % 2), mul(t, 2)),
+                          ir.var(accs[i][j][e], float32))
+             for i in range(MI) for j in range(NI) for e in range(4)]
+    meta = dict(meta, template=f"gemm {opts.describe()}",
+                dynamic_shared=shared_bytes(opts, operands, dtype) > 48 * 1024)
+    return tiling.kernel(name, params, body, meta)
