@@ -150,13 +150,14 @@ def test_float32_matmul_precision(device: str) -> None:
 
 
 def test_tensor_core_kernel_renders() -> None:
-    """The tf32 tensor-core kernel as CUDA renders it (checked here without a GPU; the GPU check
-    runs it): one mma.sync per 16 x 8 fragment and k-step, operands from padded local tiles."""
+    """The tf32 tensor-core kernel for a computed operand as CUDA renders it (checked here
+    without a GPU; the GPU check runs it): staged through registers, one mma.sync per 16 x 8
+    fragment and k-step, operands from padded local tiles."""
     from anygpu.codegen.render.cstyle import render
 
     a = ag.tensor(_rand((256, 128), 21))
     b = ag.tensor(_rand((128, 256), 22))
-    item = [i for i in schedule([((a @ b) + 1).lazy]) if isinstance(i, KernelItem)][0]
+    item = [i for i in schedule([((a.exp() @ b) + 1).lazy]) if isinstance(i, KernelItem)][0]
     kernel = lower.to_ir(item.ast, "cuda", 1024, {"cc": (9, 0), "tf32": True})
     assert kernel.local == 256 and "tensor cores (tf32)" in kernel.meta["template"]
     source = render(kernel, "cuda")
@@ -169,6 +170,7 @@ def test_tensor_core_kernel_renders() -> None:
 def _template(t: ag.Tensor) -> str:
     dev = get_device(t.device)
     features = {"cc": dev.info.extra.get("cc", (0, 0)),
+                "tf32": ag.get_float32_matmul_precision() != "highest",
                 "max_shared": dev.info.extra.get("max_shared", 48 * 1024)}
     items = [i for i in schedule([t.lazy]) if isinstance(i, KernelItem)]
     return lower.to_ir(items[-1].ast, dev.dialect, dev.info.max_local_size,
@@ -238,6 +240,36 @@ def test_pipelined_tensor_core_kernel_renders() -> None:
     # 4 steps of 16 in k, each 4 x 8 fragments of 16 x 8 per warp
     assert source.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 4 * 4 * 8
     assert source.count("cp.async.wait_group") == 2
+    # tf32 from float32 operands: ldmatrix for x ([m][k]), element reads for y ([k][n])
+    a32, b32 = ag.tensor(_rand((2048, 512), 28)), ag.tensor(_rand((512, 2048), 29))
+    item32 = [i for i in schedule([(a32 @ b32).lazy]) if isinstance(i, KernelItem)][-1]
+    tf32 = lower.to_ir(item32.ast, "cuda", 1024,
+                       {"cc": (9, 0), "tf32": True, "max_shared": 227 * 1024})
+    assert "tensor cores (tf32), 128x128x32 tiles, 2x2 warps, 3-stage" in tf32.meta["template"]
+    source = render(tf32, "cuda")
+    assert source.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") == 4 * 4 * 8
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in source and ".trans" not in source
     small = lower.to_ir(item.ast, "cuda", 1024, {"cc": (8, 6), "max_shared": 48 * 1024})
     assert "2-stage cp.async" in small.meta["template"]  # what 48 KiB holds
     assert not render(small, "cuda").startswith("/* dynamic")
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_tf32_layouts(device: str, ta: bool, tb: bool) -> None:
+    """float32 products with tf32 allowed, at sizes that are no multiple of the tiles, each
+    operand layout read in place: the pipelined tensor-core template on CUDA (ldmatrix where the
+    rows run along k, element reads elsewhere), exact float32 on other devices."""
+    m, k, n = 200, 268, 136
+    a = _rand((k, m) if ta else (m, k), 30)
+    b = _rand((n, k) if tb else (k, n), 31)
+    x, y = ag.tensor(a, device=device), ag.tensor(b, device=device)
+    ag.set_float32_matmul_precision("high")
+    try:
+        out = (x.T if ta else x) @ (y.T if tb else y)
+        assert ("cp.async" in _template(out)) == _pipelined_here(device)
+        got = out.numpy().astype(np.float64)
+    finally:
+        ag.set_float32_matmul_precision("highest")
+    ta_, tb_ = torch.from_numpy(a).double(), torch.from_numpy(b).double()
+    want = ((ta_.T if ta else ta_) @ (tb_.T if tb else tb_)).numpy()
+    assert np.abs(got - want).max() <= 4e-3 * float(np.abs(want).max())

@@ -74,20 +74,25 @@ def choose(c: Contraction, dialect: str, features: dict, max_local: int) -> MmaO
     m, n, k = c.M, c.N, c.K
     if m < 64 or n < 64 or k < 32 or m * n * k < 1 << 21:
         return None
+    tf32 = dtype == float32 and features.get("tf32", False)
+    if dtype not in (float16, bfloat16) and not tf32:
+        return None
     operands = async_operands(c)
     opts: MmaOptions | None = None
-    if dtype == float32 and features.get("tf32", False):
-        opts = MmaOptions(block_k=8, tf32=True)
-    elif dtype in (float16, bfloat16) and operands is not None:
+    if operands is not None:
         # 4096^3 float16 on an H100: 128x128x64 in 3 stages 293 TFLOP/s, 256x128x64 298,
         # 128x256x32 277; fewer output tiles than SMs take 64x64 tiles
         few = m * n < 128 * 128 * 132
         block = 64 if few else 128
-        for bk, stages in ((64, 3), (32, 3), (32, 2)):
-            candidate = MmaOptions(block, block, bk, 2, 2, stages=stages)
+        # the same bytes per step for float32: half the elements of k
+        steps = ((32, 3), (16, 3), (16, 2)) if tf32 else ((64, 3), (32, 3), (32, 2))
+        for bk, stages in steps:
+            candidate = MmaOptions(block, block, bk, 2, 2, tf32=tf32, stages=stages)
             if shared_bytes(candidate, operands, dtype) <= features.get("max_shared", 48 * 1024):
                 opts = candidate
                 break
+    elif tf32:  # computed operands (a convolution's padded windows): staged through registers
+        opts = MmaOptions(block_k=8, tf32=True)
     # float16 and bfloat16 operands that are computed (a convolution's padded windows) are left
     # to the SIMT template: staged through registers here they ran at 11.7 TFLOP/s on an H100
     # (4096^3), below its 20 (77% of the cycles waited on the staging loads)
@@ -98,22 +103,23 @@ def choose(c: Contraction, dialect: str, features: dict, max_local: int) -> MmaO
 class AsyncOperand:
     """An operand that copies to local memory in 16-byte runs: a plain load whose elements are
     consecutive along ``contiguous`` ("k", or "outer": its rows for x, its columns for y) in
-    runs of 8 that start at multiples of 8 elements."""
+    runs of 16 bytes (8 halves, 4 floats) that start at multiples of 16 bytes."""
 
     contiguous: str
 
 
 def _async_operand(e: ir.Expr, outer: Dims, ks: Dims, batch: Dims) -> AsyncOperand | None:
-    if e.dtype not in (float16, bfloat16):
+    if e.dtype not in (float16, bfloat16, float32):
         return None
+    run = 16 // e.dtype.itemsize
     op = linear_operand(e, batch + outer + ks, e.dtype)
-    if op is None or op.offset % 8:
+    if op is None or op.offset % run:
         return None
     axes = batch + outer + ks
     for along, inner in (("k", ks[-1]), ("outer", outer[-1])):
         others = [s for s, d in zip(op.strides, axes) if d != inner]
-        if op.strides[axes.index(inner)] == 1 and inner[1] % 8 == 0 and \
-                all(s % 8 == 0 for s in others):
+        if op.strides[axes.index(inner)] == 1 and inner[1] % run == 0 and \
+                all(s % run == 0 for s in others):
             return AsyncOperand(along)
     return None
 
@@ -183,14 +189,21 @@ def build(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.Param], na
 
 class Layout:
     """One operand's local tiles in the pipelined template: ``rows`` of ``width`` elements (its
-    contiguous axis) padded by 8, one tile per stage."""
+    contiguous axis), one tile per stage. Rows are padded so that the fragment reads of a warp
+    fall in distinct banks: by 16 bytes where ldmatrix reads 8 rows of 16 bytes at once, by 8
+    floats where float32 fragments are read one element per lane (lanes t * row + g, t < 4,
+    g < 8)."""
 
-    def __init__(self, buf: str, how: AsyncOperand, block: int, block_k: int):
+    def __init__(self, buf: str, how: AsyncOperand, block: int, block_k: int, dtype: DType):
         self.buf, self.block = buf, block
+        self.run = 16 // dtype.itemsize  # elements per 16-byte copy
         self.k_rows = how.contiguous == "k"  # a row per element of the operand's block
         self.width = block_k if self.k_rows else block
         self.rows = block if self.k_rows else block_k
-        self.ld = self.width + 8
+        # ldmatrix reads 32-bit elements only untransposed, so float32 tiles whose rows are
+        # not along k give their fragments element by element
+        self.ldmatrix = self.k_rows or dtype.itemsize == 2
+        self.ld = self.width + (self.run if self.ldmatrix else 8)
         self.size = self.rows * self.ld
 
     def index(self, stage: ir.Expr, oo: ir.Expr, kk: ir.Expr) -> ir.Expr:
@@ -201,8 +214,8 @@ class Layout:
 def shared_bytes(opts: MmaOptions, operands: tuple[AsyncOperand, AsyncOperand],
                  dtype: DType) -> int:
     """Local memory the pipelined template takes with these options."""
-    x = Layout("xs", operands[0], opts.block_m, opts.block_k)
-    y = Layout("ys", operands[1], opts.block_n, opts.block_k)
+    x = Layout("xs", operands[0], opts.block_m, opts.block_k, dtype)
+    y = Layout("ys", operands[1], opts.block_n, opts.block_k, dtype)
     return opts.stages * (x.size + y.size) * dtype.itemsize
 
 
@@ -210,17 +223,18 @@ def build_pipelined(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.
                     name: str, meta: dict) -> ir.Kernel:
     """The kernel IR of ``ast`` through the pipelined template (see the module's docstring)."""
     operands = async_operands(c)
-    assert operands is not None and not opts.tf32 and opts.block_k % 16 == 0
+    dtype = c.x.dtype
+    run = 16 // dtype.itemsize  # elements per 16-byte copy, and per ldmatrix row
+    KS = 2 * run  # k per mma: 16 halves, or 8 floats as tf32
+    assert operands is not None and opts.block_k % KS == 0
     BM, BN, BK, S = opts.block_m, opts.block_n, opts.block_k, opts.stages
     WM, WN = BM // opts.warps_m, BN // opts.warps_n  # a warp's tile
     MI, NI = WM // 16, WN // 8  # fragments per warp
     assert NI % 2 == 0  # ldmatrix.x4 reads two fragments of y at once
     tiling = Tiling(ast, c, BM, BN, BK, opts.threads)
     dt, const = tiling.dt, tiling.const
-    dtype = c.x.dtype
-
-    lx = Layout("xs", operands[0], BM, BK)
-    ly = Layout("ys", operands[1], BN, BK)
+    lx = Layout("xs", operands[0], BM, BK, dtype)
+    ly = Layout("ys", operands[1], BN, BK, dtype)
     body: list[ir.Stmt] = [ir.LocalArray("xs", dtype, S * lx.size, stored=True),
                            ir.LocalArray("ys", dtype, S * ly.size, stored=True)]
     body += tiling.tile_decls()
@@ -231,8 +245,10 @@ def build_pipelined(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.
     body += [ir.Decl("wm", dt, ir.alu("idiv", warp, const(opts.warps_n))),
              ir.Decl("wn", dt, ir.alu("mod", warp, const(opts.warps_n))),
              ir.Decl("q", dt, ir.alu("idiv", lane, const(8))),  # the ldmatrix matrix a lane
-             ir.Decl("r", dt, ir.alu("mod", lane, const(8)))]  # addresses, and its row
-    wm, wn, q, r = (ir.var(v, dt) for v in ("wm", "wn", "q", "r"))
+             ir.Decl("r", dt, ir.alu("mod", lane, const(8))),  # addresses, and its row
+             ir.Decl("g", dt, ir.alu("idiv", lane, const(4))),  # a lane's fragment row
+             ir.Decl("t", dt, ir.alu("mod", lane, const(4)))]  # and column
+    wm, wn, q, r, g, t = (ir.var(v, dt) for v in ("wm", "wn", "q", "r", "g", "t"))
     accs = [[[f"c{i}_{j}_{e}" for e in range(4)] for j in range(NI)] for i in range(MI)]
     body += [ir.Decl(nm, float32, ir.const(0, float32))
              for row in accs for names in row for nm in names]
@@ -245,12 +261,12 @@ def build_pipelined(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.
         out: list[ir.Stmt] = []
         for lay, e, outer, tile in ((lx, c.x, c.ms, tiling.tm), (ly, c.y, c.ns, tiling.tn)):
             size = math.prod(s for _, s in outer)
-            per_row = lay.width // 8
+            per_row = lay.width // run
             chunks = lay.rows * per_row
             for j in range(-(-chunks // opts.threads)):
                 ch = add(tiling.lid, const(opts.threads * j))
                 row = ir.alu("idiv", ch, const(per_row))
-                col = mul(ir.alu("mod", ch, const(per_row)), 8)
+                col = mul(ir.alu("mod", ch, const(per_row)), run)
                 oo, kk = (row, col) if lay.k_rows else (col, row)
                 o, kg = add(mul(tile, lay.block), oo), add(k0, kk)
                 # an out-of-range run reads nothing, but its address must still be valid and
@@ -259,10 +275,10 @@ def build_pipelined(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.
                 valid = ir.const(True, bool_)
                 if o_ragged:
                     valid = ir.alu("lt", o, const(size))
-                    o = clamped(o, size - 7) if not lay.k_rows else clamped(o, size)
+                    o = clamped(o, size - run + 1) if not lay.k_rows else clamped(o, size)
                 if k_ragged:
                     valid = ir.alu("and", valid, ir.alu("lt", kg, const(c.K)))
-                    kg = clamped(kg, c.K - 7) if lay.k_rows else clamped(kg, c.K)
+                    kg = clamped(kg, c.K - run + 1) if lay.k_rows else clamped(kg, c.K)
                 env = element_env(tiling.batch_env, outer, o, c.ks, kg)
                 src = ir.substitute(e.srcs[0], env)
                 st: ir.Stmt = ir.AsyncCopy(lay.buf, lay.index(stage, oo, kk), e.arg, src, valid)
@@ -272,41 +288,55 @@ def build_pipelined(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.
         return out
 
     def fragments(stage: ir.Expr) -> list[ir.Stmt]:
-        """The warp's mma over one stage buffer, per 16 of k: the fragments of the next 16 are
-        read (ldmatrix) before the mma of the current ones, so the reads overlap the tensor
+        """The warp's mma over one stage buffer, per ``KS`` of k: the fragments of the next
+        step are read before the mma of the current one, so the reads overlap the tensor
         cores' work (the asm statements keep their order)."""
         reads, products = [], []
-        for kb in range(0, BK, 16):
+        shape = "m16n8k16" if KS == 16 else "m16n8k8"
+        half = ir.alu("idiv", q, const(2))  # ldmatrix matrix q: one 16-byte half of k or not
+        odd = ir.alu("mod", q, const(2))
+        for kb in range(0, BK, KS):
             out: list[ir.Stmt] = []
             reads.append(out)
+            a_regs: list[list[tuple[str, ir.Expr] | str]] = []
             for i in range(MI):
                 m0 = add(mul(wm, WM), const(i * 16))
-                # matrix q: rows + 8 (q % 2), k + 8 (q / 2)
-                mq, kq = mul(ir.alu("mod", q, const(2)), 8), mul(ir.alu("idiv", q, const(2)), 8)
+                names = [f"a{kb}_{i}_{e}" for e in range(4)]
+                if not lx.ldmatrix:  # float32 [k][m]: (g, t), (g + 8, t), (g, t + 4), ...
+                    a_regs.append([("xs", lx.index(stage, add(m0, g, const(8 * (e % 2))),
+                                                   add(const(kb + 4 * (e // 2)), t)))
+                                   for e in range(4)])
+                    continue
+                a_regs.append(list(names))
+                # matrix q: rows + 8 (q % 2), k + one run (q / 2)
                 if lx.k_rows:
-                    idx = lx.index(stage, add(m0, mq, r), add(const(kb), kq))
+                    idx = lx.index(stage, add(m0, mul(odd, 8), r), add(const(kb), mul(half, run)))
                 else:
-                    idx = lx.index(stage, add(m0, mq), add(const(kb), kq, r))
-                out.append(ir.LdMatrix([f"a{kb}_{i}_{e}" for e in range(4)], "xs", idx,
-                                       trans=not lx.k_rows))
+                    idx = lx.index(stage, add(m0, mul(odd, 8)), add(const(kb), mul(half, run), r))
+                out.append(ir.LdMatrix(names, "xs", idx, trans=not lx.k_rows))
+            b_regs: list[list[tuple[str, ir.Expr] | str]] = []
             for j in range(0, NI, 2):
                 n0 = add(mul(wn, WN), const(j * 8))
-                # matrix q: columns + 8 (q / 2), k + 8 (q % 2)
-                nq, kq = mul(ir.alu("idiv", q, const(2)), 8), mul(ir.alu("mod", q, const(2)), 8)
+                names = [f"b{kb}_{j}_{e}" for e in range(4)]
+                if not ly.ldmatrix:  # float32 [k][n]: (k = t, n = g), (t + 4, g)
+                    b_regs += [[("ys", ly.index(stage, add(n0, g, const(8 * f)),
+                                               add(const(kb + 4 * h), t))) for h in range(2)]
+                               for f in range(2)]
+                    continue
+                first: list[tuple[str, ir.Expr] | str] = [*names[:2]]
+                second: list[tuple[str, ir.Expr] | str] = [*names[2:]]
+                b_regs += [first, second]
+                # matrix q: columns + 8 (q / 2), k + one run (q % 2)
                 if ly.k_rows:
-                    idx = ly.index(stage, add(n0, nq, r), add(const(kb), kq))
+                    idx = ly.index(stage, add(n0, mul(half, 8), r), add(const(kb), mul(odd, run)))
                 else:
-                    idx = ly.index(stage, add(n0, nq), add(const(kb), kq, r))
-                out.append(ir.LdMatrix([f"b{kb}_{j}_{e}" for e in range(4)], "ys", idx,
-                                       trans=not ly.k_rows))
+                    idx = ly.index(stage, add(n0, mul(half, 8)), add(const(kb), mul(odd, run), r))
+                out.append(ir.LdMatrix(names, "ys", idx, trans=not ly.k_rows))
             mmas: list[ir.Stmt] = []
             products.append(mmas)
             for i in range(MI):
-                a = [f"a{kb}_{i}_{e}" for e in range(4)]
                 for j in range(NI):
-                    pair = f"b{kb}_{j - j % 2}"
-                    b = [f"{pair}_{2 * (j % 2)}", f"{pair}_{2 * (j % 2) + 1}"]
-                    mmas.append(ir.Mma("m16n8k16", dtype, accs[i][j], a, b))
+                    mmas.append(ir.Mma(shape, dtype, accs[i][j], a_regs[i], b_regs[j]))
         order = reads[0]
         for step, mmas in enumerate(products):
             order += (reads[step + 1] if step + 1 < len(reads) else []) + mmas
@@ -326,7 +356,6 @@ def build_pipelined(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.
     body.append(ir.For("kt", const(0), const(steps), const(1), loop))
     body.append(ir.AsyncWait(0))
     tm, tn = tiling.tm, tiling.tn
-    g, t = ir.alu("idiv", lane, const(4)), ir.alu("mod", lane, const(4))
     body += [tiling.store(add(mul(tm, BM), mul(wm, WM), const(i * 16 + 8 * (e // 2)), g),
                           add(mul(tn, BN), mul(wn, WN), const(j * 8 + e % 2), mul(t, 2)),
                           ir.var(accs[i][j][e], float32))
