@@ -1,0 +1,80 @@
+"""Sums with few outputs and long reductions run as two kernels on GPUs (partial sums of slices,
+then their sum), so that they fill the device; the results match NumPy and PyTorch on every
+backend, gradients included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import anygpu as ag
+from anygpu.graph.schedule import KernelItem, schedule
+from anygpu.runtime.registry import get_device
+
+
+def _kernels(t: ag.Tensor) -> int:
+    return sum(isinstance(i, KernelItem) for i in schedule([t.lazy]))
+
+
+def _splits(device: str) -> bool:
+    return not device.startswith("cpu")
+
+
+def _rand(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("shape,axes", [((1 << 20,), None), ((4, 3, 1 << 14), (0, 2)),
+                                        ((6, 50000), (1,)), ((128, 9, 9, 40), (0, 1, 2))])
+def test_sums_split_and_match(device: str, shape: tuple[int, ...],
+                              axes: tuple[int, ...] | None) -> None:
+    x_host = _rand(shape, 1)
+    x = ag.tensor(x_host, device=device)
+    out = x.sum() if axes is None else x.sum(axes)
+    assert _kernels(out) == (2 if _splits(device) else 1)
+    want = x_host.astype(np.float64).sum(axis=axes)
+    got = out.numpy()
+    scale = np.abs(x_host).astype(np.float64).sum(axis=axes)  # error grows with |x| summed
+    assert np.all(np.abs(got - want) <= 1e-6 * scale + 1e-6)
+    mean = (x.mean() if axes is None else x.mean(axes)).numpy()
+    np.testing.assert_allclose(mean, x_host.astype(np.float64).mean(axis=axes), rtol=1e-4,
+                               atol=1e-6)
+
+
+def test_integer_sums_split_exactly(device: str) -> None:
+    x_host = np.random.default_rng(2).integers(-1000, 1000, (3, 1 << 16)).astype(np.int32)
+    out = ag.tensor(x_host, device=device).sum(1)
+    assert _kernels(out) == (2 if _splits(device) else 1)
+    np.testing.assert_array_equal(out.numpy(), x_host.sum(1))
+
+
+def test_small_sums_and_many_outputs_stay_whole(device: str) -> None:
+    assert _kernels(ag.tensor(_rand((8, 1000), 3), device=device).sum(1)) == 1
+    assert _kernels(ag.tensor(_rand((4096, 64), 4), device=device).sum(1)) == 1
+    if get_device(device).supports(ag.float16):
+        half = ag.tensor(_rand((1 << 18,), 5), device=device).half().realize()
+        assert _kernels(half.sum()) == 1  # float16 partials would round: kept in one kernel
+
+
+def test_long_contraction_and_weight_gradient(device: str) -> None:
+    """A product with a small output and a long k (a convolution's weight gradient is one) runs
+    as a batch of partial products; checked against PyTorch with its gradients."""
+    a, b = _rand((48, 20000), 6), _rand((20000, 40), 7)
+    x, y = ag.tensor(a, device=device), ag.tensor(b, device=device)
+    out = x @ y
+    assert _kernels(out) == (2 if _splits(device) else 1)
+    want = torch.from_numpy(a).double() @ torch.from_numpy(b).double()
+    assert np.abs(out.numpy() - want.numpy()).max() <= 1e-4 * float(want.abs().max())
+    xs, ws = _rand((8, 16, 40, 40), 8), _rand((24, 16, 3, 3), 9)
+    xi = ag.tensor(xs, device=device, requires_grad=True)
+    wi = ag.tensor(ws, device=device, requires_grad=True)
+    ag.nn.functional.conv2d(xi, wi, padding=1).square().sum().backward()
+    xt = torch.from_numpy(xs).requires_grad_()
+    wt = torch.from_numpy(ws).requires_grad_()
+    torch.nn.functional.conv2d(xt, wt, padding=1).square().sum().backward()
+    assert wi.grad is not None and xi.grad is not None
+    np.testing.assert_allclose(wi.grad.numpy(), wt.grad.numpy(), rtol=2e-4,
+                               atol=2e-4 * float(wt.grad.abs().max()))
+    np.testing.assert_allclose(xi.grad.numpy(), xt.grad.numpy(), rtol=2e-4,
+                               atol=2e-4 * float(xt.grad.abs().max()))
