@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from anygpu import config
+from anygpu.dtype import bfloat16, float16, float32
 from anygpu.runtime.base import Buffer, Device, DeviceError, DeviceInfo, Program
 
 
@@ -90,11 +91,17 @@ class HostContraction(Program):
         self.epilogue, self.plan = epilogue, plan
 
     def _view(self, buffers: Sequence[Buffer], operand: Any, shape: tuple[int, ...]) -> np.ndarray:
-        data = buffers[int(operand.param[1:])].handle.view(np.float32)
+        """The operand as a float32 array: a strided view of its buffer, widened from float16
+        or bfloat16 (a copy) where it is stored narrower."""
+        stored = {float32: np.float32, float16: np.float16, bfloat16: np.uint16}[operand.dtype]
+        data = buffers[int(operand.param[1:])].handle.view(stored)
         itemsize = data.itemsize
-        return np.lib.stride_tricks.as_strided(
+        view = np.lib.stride_tricks.as_strided(
             data[operand.offset:], shape=shape,
             strides=tuple(s * itemsize for s in operand.strides), writeable=False)
+        if operand.dtype == bfloat16:  # the upper half of a float32's bits
+            return (view.astype(np.uint32) << 16).view(np.float32)
+        return view if operand.dtype == float32 else view.astype(np.float32)
 
     def __call__(self, buffers: Sequence[Buffer], groups: Sequence[int] = (1,),
                  local: Sequence[int] = (1,), wait: bool = False) -> float | None:

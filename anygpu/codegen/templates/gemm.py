@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from anygpu.codegen import ir
-from anygpu.dtype import DType, float32
+from anygpu.dtype import DType, bfloat16, float16, float32
 
 
 VEC = 4  # local-memory reads of 4 neighbouring values at once (one instruction where it can)
@@ -392,6 +392,7 @@ class Operand:
     param: str
     offset: int
     strides: tuple[int, ...]
+    dtype: DType = float32  # as stored: float32, float16 or bfloat16
 
 
 @dataclass
@@ -430,17 +431,19 @@ def linear_operand(e: ir.Expr, axes: Dims, dtype: DType = float32) -> Operand | 
         want = base + sum(s * env.get(name, 0) for s, (name, _) in zip(strides, axes))
         if _evaluate(index, env) != want:
             return None
-    return Operand(e.arg, base, tuple(strides))
+    return Operand(e.arg, base, tuple(strides), dtype)
 
 
 def host_plan(ast, c: Contraction) -> HostPlan | None:
-    """The contraction as a BLAS call on the processor, where both operands are plain float32
-    loads with linear indices (a transposed or broadcast view is fine; a padded or computed
-    operand is not) and the product accumulates in float32."""
-    if ast.stages[0].dtype != float32 or len(c.ms) != 1 or len(c.ns) != 1 or len(c.ks) != 1:
+    """The contraction as a BLAS call on the processor, where both operands are plain loads
+    with linear indices (a transposed or broadcast view is fine; a padded or computed operand
+    is not) and the product accumulates in float32: float32 operands as they are, float16 and
+    bfloat16 ones widened to float32 first (as PyTorch's processor kernels do)."""
+    if ast.stages[0].dtype not in (float32, float16, bfloat16) or len(c.ms) != 1 or \
+            len(c.ns) != 1 or len(c.ks) != 1:
         return None
-    x = linear_operand(c.x, c.batch + [c.ms[0], c.ks[0]])
-    y = linear_operand(c.y, c.batch + [c.ks[0], c.ns[0]])
+    x = linear_operand(c.x, c.batch + [c.ms[0], c.ks[0]], c.x.dtype)
+    y = linear_operand(c.y, c.batch + [c.ks[0], c.ns[0]], c.y.dtype)
     if x is None or y is None:
         return None
     return HostPlan(x, y, c.batch, c.ms[0], c.ns[0], c.ks[0], [name for name, _, _ in ast.outer])
