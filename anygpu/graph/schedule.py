@@ -70,6 +70,7 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
         items.append(CopyItem(node))
         return
     _split_reduction(node)
+    _unfold_windows(node)
     signature, walk = _signature(node)
     cached = _ast_cache.get(signature)
     if cached is None:
@@ -131,6 +132,52 @@ def _split_reduction(node: Lazy) -> None:
     partial = partial.movement(Op.RESHAPE, node.shape[:axis] + (parts,) + node.shape[axis + 1:])
     node.srcs, node.arg = (partial,), (axis,)
     partial.consumers.append(weakref.ref(node))
+
+
+# multiply-adds from which an unfolded convolution pays on the processor: the demo's (64 x 8 x
+# 8 x 8 in, 16 out, 3 x 3: 4.7M) ran 3x slower unfolded, a ResNet layer at 56 x 56 9x faster
+_UNFOLD_MIN = 1 << 24
+_UNFOLD_MAX = 1 << 28  # bytes an unfolded operand may take at most
+
+
+def _unfold_windows(node: Lazy) -> None:
+    """On the processor, a large convolution-like product (a sum of a product over more axes
+    than a batched matrix product has) gets each operand that is a window view or out of order
+    written out first (im2col, one copy kernel each) in the order BLAS reads: axes both
+    operands have, then its own rows or columns, then the summed axes. The product then reads
+    plain buffers and goes through BLAS (forward, data and weight gradients alike)."""
+    while node.op in MOVEMENT and not node.realized:
+        node = node.srcs[0]
+    if node.op is not Op.SUM or node.device.split(":")[0] != "cpu" or node.realized:
+        return
+    product = node.srcs[0]
+    if product.op is not Op.MUL or product.numel < _UNFOLD_MIN or len(product.shape) < 5 or \
+            any(s.op is not Op.EXPAND or s.realized for s in product.srcs):
+        return
+    views = [s.srcs[0] for s in product.srcs]
+    reduced = set(node.arg)
+    own = [{a for a, n in enumerate(v.shape) if n != 1} for v in views]
+    shared = own[0] & own[1] - reduced
+    operands = list(product.srcs)
+    for i, (side, view) in enumerate(zip(product.srcs, views)):
+        rest = [a for a in range(len(view.shape)) if a not in own[i]]  # size 1 here
+        order = rest + sorted(shared) + sorted(own[i] - shared - reduced) + \
+            sorted(own[i] & reduced)
+        walk, reordered = view, False
+        while walk.op in MOVEMENT and not walk.realized:
+            reordered |= walk.op in (Op.PAD, Op.SHRINK, Op.PERMUTE, Op.FLIP)
+            walk = walk.srcs[0]
+        in_order = [a for a in range(len(view.shape)) if a in own[i]] == \
+            [a for a in order if a in own[i]]
+        if (in_order and not reordered) or view.numel * view.dtype.itemsize > _UNFOLD_MAX:
+            continue
+        back = [order.index(a) for a in range(len(order))]
+        packed = view.movement(Op.PERMUTE, order).contiguous().movement(Op.PERMUTE, back)
+        operands[i] = packed.movement(Op.EXPAND, side.arg)
+    if any(a is not b for a, b in zip(operands, product.srcs)):
+        unfolded = operands[0].alu(Op.MUL, operands[1])
+        node.srcs = (unfolded,)
+        unfolded.consumers.append(weakref.ref(node))
 
 
 # Lowering is pure in the graph's structure, so kernels of the same structure (every step of a

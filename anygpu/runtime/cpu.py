@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 import platform
 import subprocess
@@ -108,11 +109,13 @@ class HostContraction(Program):
         plan = self.plan
         start = time.perf_counter()
         batch = tuple(size for _, size in plan.batch)
-        (m_name, m), (n_name, n), (_, k) = plan.m, plan.n, plan.k
+        m, n, k = (math.prod(size for _, size in dims) for dims in (plan.m, plan.n, plan.k))
         x = self._view(buffers, plan.x, batch + (m, k))
         y = self._view(buffers, plan.y, batch + (k, n))
         product = np.matmul(x, y)
-        names = [name for name, _ in plan.batch] + [m_name, n_name]
+        dims = plan.batch + plan.m + plan.n  # M and N back to their variables
+        product = product.reshape([size for _, size in dims])
+        names = [name for name, _ in dims]
         product = np.ascontiguousarray(product.transpose([names.index(o) for o in plan.order]))
         self.epilogue([*buffers, _Scratch(product.reshape(-1))])  # type: ignore[list-item]
         return time.perf_counter() - start if wait else None

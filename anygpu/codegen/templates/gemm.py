@@ -22,6 +22,7 @@ cast), so the template only chooses the loops:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -399,14 +400,16 @@ class Operand:
 class HostPlan:
     """A contraction the processor hands to its BLAS: ``x`` (batch..., M, K) @ ``y``
     (batch..., K, N) into a float32 scratch laid out as the kernel's outer dims (``order``, names
-    of batch, m and n variables), which the epilogue kernel reads as its last parameter."""
+    of batch, m and n variables), which the epilogue kernel reads as its last parameter. M, N
+    and K may each be several variables (``m``, ``n``, ``k``, outermost first) whose strides
+    merge into one (a convolution's rows: batch, height and width of contiguous windows)."""
 
     x: Operand
     y: Operand
-    batch: list[tuple[str, int]]
-    m: tuple[str, int]
-    n: tuple[str, int]
-    k: tuple[str, int]
+    batch: Dims
+    m: Dims
+    n: Dims
+    k: Dims
     order: list[str]
 
 
@@ -434,16 +437,32 @@ def linear_operand(e: ir.Expr, axes: Dims, dtype: DType = float32) -> Operand | 
     return Operand(e.arg, base, tuple(strides), dtype)
 
 
+def _merged(op: Operand | None, groups: list[Dims]) -> Operand | None:
+    """``op`` (strides along the variables of ``groups``, in order) with each group's strides
+    merged into one, or None where a group's variables do not nest in memory."""
+    if op is None:
+        return None
+    strides, at = [], 0
+    for group in groups:
+        mine = op.strides[at:at + len(group)]
+        at += len(group)
+        for (_, inner), outer_stride, inner_stride in zip(group[1:], mine, mine[1:]):
+            if outer_stride != inner_stride * inner:
+                return None
+        strides.append(mine[-1] if group else 0)
+    return dataclasses.replace(op, strides=tuple(strides))
+
+
 def host_plan(ast, c: Contraction) -> HostPlan | None:
     """The contraction as a BLAS call on the processor, where both operands are plain loads
     with linear indices (a transposed or broadcast view is fine; a padded or computed operand
     is not) and the product accumulates in float32: float32 operands as they are, float16 and
     bfloat16 ones widened to float32 first (as PyTorch's processor kernels do)."""
-    if ast.stages[0].dtype not in (float32, float16, bfloat16) or len(c.ms) != 1 or \
-            len(c.ns) != 1 or len(c.ks) != 1:
+    if ast.stages[0].dtype not in (float32, float16, bfloat16):
         return None
-    x = linear_operand(c.x, c.batch + [c.ms[0], c.ks[0]], c.x.dtype)
-    y = linear_operand(c.y, c.batch + [c.ks[0], c.ns[0]], c.y.dtype)
+    batch = [[d] for d in c.batch]
+    x = _merged(linear_operand(c.x, c.batch + c.ms + c.ks, c.x.dtype), batch + [c.ms, c.ks])
+    y = _merged(linear_operand(c.y, c.batch + c.ks + c.ns, c.y.dtype), batch + [c.ks, c.ns])
     if x is None or y is None:
         return None
-    return HostPlan(x, y, c.batch, c.ms[0], c.ns[0], c.ks[0], [name for name, _, _ in ast.outer])
+    return HostPlan(x, y, c.batch, c.ms, c.ns, c.ks, [name for name, _, _ in ast.outer])

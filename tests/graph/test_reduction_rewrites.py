@@ -1,6 +1,8 @@
-"""Sums with few outputs and long reductions run as two kernels on GPUs (partial sums of slices,
-then their sum), so that they fill the device; the results match NumPy and PyTorch on every
-backend, gradients included."""
+"""How the scheduler rewrites sums before lowering them: on GPUs, sums with few outputs and long
+reductions run as two kernels (partial sums of slices, then their sum), so that they fill the
+device; on the processor, a large convolution's windows are unfolded into a buffer first, so that
+BLAS takes the product. The results match NumPy and PyTorch on every backend, gradients
+included."""
 
 from __future__ import annotations
 
@@ -73,6 +75,29 @@ def test_long_contraction_and_weight_gradient(device: str) -> None:
     xt = torch.from_numpy(xs).requires_grad_()
     wt = torch.from_numpy(ws).requires_grad_()
     torch.nn.functional.conv2d(xt, wt, padding=1).square().sum().backward()
+    assert wi.grad is not None and xi.grad is not None
+    np.testing.assert_allclose(wi.grad.numpy(), wt.grad.numpy(), rtol=2e-4,
+                               atol=2e-4 * float(wt.grad.abs().max()))
+    np.testing.assert_allclose(xi.grad.numpy(), xt.grad.numpy(), rtol=2e-4,
+                               atol=2e-4 * float(xt.grad.abs().max()))
+
+
+def test_large_convolution_unfolds_on_the_processor(device: str) -> None:
+    """A convolution of 75M multiply-adds: on the processor its windows are written out (one
+    kernel) and the product goes through BLAS; elsewhere one kernel. Forward and gradients
+    against PyTorch."""
+    xs, ws = _rand((4, 32, 32, 32), 10), _rand((64, 32, 3, 3), 11)
+    xi = ag.tensor(xs, device=device, requires_grad=True)
+    wi = ag.tensor(ws, device=device, requires_grad=True)
+    out = ag.nn.functional.conv2d(xi, wi, padding=1)
+    assert _kernels(out) == (1 if _splits(device) else 2)
+    xt = torch.from_numpy(xs).requires_grad_()
+    wt = torch.from_numpy(ws).requires_grad_()
+    want = torch.nn.functional.conv2d(xt, wt, padding=1)
+    np.testing.assert_allclose(out.numpy(), want.detach().numpy(), rtol=1e-4,
+                               atol=1e-4 * float(want.abs().max()))
+    out.square().sum().backward()
+    want.square().sum().backward()
     assert wi.grad is not None and xi.grad is not None
     np.testing.assert_allclose(wi.grad.numpy(), wt.grad.numpy(), rtol=2e-4,
                                atol=2e-4 * float(wt.grad.abs().max()))
