@@ -1,5 +1,6 @@
 """Every distinct convolution of ResNet-50 (batch 16, 224 x 224 input) against PyTorch (cuDNN) on
 the same GPU, in one run: forward, and backward (the gradients of input and weight together).
+With ``--device cpu`` the peer is PyTorch on the processor.
 
     python benchmarks/bench_conv.py --device cuda [--batch 16] [--tf32] [--only N] [--json out.json]
 
@@ -113,7 +114,8 @@ def _measure(device: str, batch: int, reps: int, shape: tuple[int, int, int, int
 def run(device: str, batch: int, reps: int, tf32: bool, only: int | None) -> list[dict]:
     import torch
 
-    on_gpu = torch.cuda.is_available()
+    # the peer: PyTorch on the same GPU, or on the processor for the cpu backend
+    on_gpu = torch.cuda.is_available() and get_device(device).backend != "cpu"
     tdev = "cuda" if on_gpu else "cpu"
     tsync = torch.cuda.synchronize if on_gpu else (lambda: None)
     torch.backends.cudnn.allow_tf32 = tf32

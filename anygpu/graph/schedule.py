@@ -103,10 +103,10 @@ def _split_reduction(node: Lazy) -> None:
     slices of one reduced axis (their own kernel, with ``S`` times the work-groups), then the
     sum of the partials: ``node`` stays the sum that gives the result, of the same shape. On
     the processor the kernels' loops parallelize on their own, so it stays as it is."""
-    # float16 and bfloat16 sums accumulate in float32 within a kernel: their partials would
-    # round to the storage type, so they stay whole
     while node.op in MOVEMENT and not node.realized:  # a sum seen through a view of it
         node = node.srcs[0]
+    # float16 and bfloat16 sums accumulate in float32 within a kernel: their partials would
+    # round to the storage type, so they stay whole
     if node.op is not Op.SUM or node.device.split(":")[0] == "cpu" or \
             node.dtype in (float16, bfloat16):
         return

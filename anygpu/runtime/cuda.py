@@ -103,8 +103,7 @@ class GPUProgram(Program):
             if wait:
                 dev._check(dev.drv.cuEventRecord, dev._start, dev._stream)
             (err,) = self._launch(self.function, gx, gy, gz, lx, ly, lz, self.shared_bytes,
-                                  dev._stream,
-                                  packed[0], 0)
+                                  dev._stream, packed[0], 0)
             if err:
                 raise dev._error(err, self._launch, f" of kernel {self.name} with grid "
                                  f"{(gx, gy, gz)}, block {(lx, ly, lz)}")

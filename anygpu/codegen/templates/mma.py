@@ -4,14 +4,15 @@ allows it (``anygpu.set_float32_matmul_precision("high")``). Every variant accum
 registers, and the epilogue (the kernel's output expression) runs on each accumulator before the
 store, as in the SIMT template.
 
-- **Pipelined** (``build_pipelined``; float16 and bfloat16 operands that are plain loads from
-  memory, contiguous along k or along their rows or columns in runs of 8): each step's operand
-  tiles go from global to local memory through ``cp.async`` (no registers, no conversions), in
-  a ring of ``stages`` buffers, so that the copies of the next steps overlap the tensor cores'
-  work on the current one; warps read their fragments with ``ldmatrix`` (transposed where the
-  operand's contiguous axis is not k). Local tiles keep the operand's layout, rows padded by 8
-  elements so that ldmatrix's eight row reads fall in distinct banks.
-- **Staged through registers** (``build``; tf32, and operands that are computed, such as a
+- **Pipelined** (``build_pipelined``; operands that are plain loads from memory, contiguous
+  along k or along their rows or columns in runs of 16 bytes): each step's operand tiles go
+  from global to local memory through ``cp.async`` (no registers, no conversions), in a ring of
+  ``stages`` buffers, so that the copies of the next steps overlap the tensor cores' work on
+  the current one; warps read their fragments with ``ldmatrix`` (transposed where a 16-bit
+  operand's contiguous axis is not k; such float32 operands are read element by element). Local
+  tiles keep the operand's layout, rows padded so that a warp's fragment reads fall in distinct
+  banks.
+- **Staged through registers** (``build``; tf32 operands that are computed, such as a
   convolution's padded windows): 8 warps on a 128 x 128 tile, each a 64 x 32 part as 4 x 4
   fragments of 16 x 8. Per step of ``block_k`` the group stages the operand tiles in local
   memory in their storage type, both laid out [row][k] so that a thread's fragment register is
