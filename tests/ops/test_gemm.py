@@ -155,8 +155,8 @@ def test_tensor_core_kernel_renders() -> None:
     fragment and k-step, operands from padded local tiles."""
     from anygpu.codegen.render.cstyle import render
 
-    a = ag.tensor(_rand((256, 128), 21))
-    b = ag.tensor(_rand((128, 256), 22))
+    a = ag.tensor(_rand((1024, 128), 21))
+    b = ag.tensor(_rand((128, 1024), 22))
     item = [i for i in schedule([((a.exp() @ b) + 1).lazy]) if isinstance(i, KernelItem)][0]
     kernel = lower.to_ir(item.ast, "cuda", 1024, {"cc": (9, 0), "tf32": True})
     assert kernel.local == 256 and "tensor cores (tf32)" in kernel.meta["template"]
