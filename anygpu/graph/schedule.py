@@ -93,8 +93,9 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
 # A sum is split in two kernels where it has too few outputs to fill a GPU: a convolution's
 # weight gradient (64 x 147 outputs, each over 200,704 products), batch-norm statistics, a loss.
 _SPLIT_GROUPS = 256  # work-groups the first kernel should have at least
-_SPLIT_MIN = 4096  # elements each of its partial sums should keep at least (fewer: a 3x3
-# convolution of 512 channels, 4608 products per output, ran 1.9x slower split in two)
+_SPLIT_FROM = 8192  # elements per output from which a sum splits (a 3x3 convolution of 512
+# channels, 4608 products per output, ran 1.9x slower split in two)
+_SPLIT_MIN = 2048  # elements each partial sum keeps at least
 _SPLIT_MAX = 64  # partial sums per output at most
 
 
@@ -115,7 +116,7 @@ def _split_reduction(node: Lazy) -> None:
     per_output = src.numel // max(total, 1)
     # a product's sum (a contraction) runs 64 x 64 outputs per work-group, other sums one
     groups = -(-total // 4096) if src.op is Op.MUL else total
-    if groups >= _SPLIT_GROUPS or per_output < 2 * _SPLIT_MIN:
+    if groups >= _SPLIT_GROUPS or per_output < _SPLIT_FROM:
         return
     # the first axis (outermost) whose slices reach the goal with the fewest of them, else the
     # most slices any axis allows

@@ -328,6 +328,16 @@ class Tiling:
         return ir.Kernel(name, params, arrays + rest, self.groups, self.threads, meta)
 
 
+def _rows_contiguous(ast: Any, c: Contraction) -> bool:
+    """Whether the output's elements are consecutive in memory along m rather than along n."""
+    at0 = _evaluate(ast.out_index, {})
+    along_m = _evaluate(ast.out_index, {c.ms[-1][0]: 1})
+    along_n = _evaluate(ast.out_index, {c.ns[-1][0]: 1})
+    if at0 is None or along_m is None or along_n is None:
+        return False
+    return along_m - at0 == 1 and along_n - at0 != 1
+
+
 def build(ast: Any, c: Contraction, opts: GemmOptions, params: list[ir.Param], name: str,
           meta: dict) -> ir.Kernel:
     """The kernel IR of ``ast`` through the SIMT template."""
@@ -341,8 +351,15 @@ def build(ast: Any, c: Contraction, opts: GemmOptions, params: list[ir.Param], n
     body: list[ir.Stmt] = [ir.LocalArray("xs", acc_dtype, BK * XW),
                            ir.LocalArray("ys", acc_dtype, BK * YW)]
     body += tiling.tile_decls()
-    body.append(ir.Decl("tx", tiling.dt, ir.alu("mod", tiling.lid, const(cols))))
-    body.append(ir.Decl("ty", tiling.dt, ir.alu("idiv", tiling.lid, const(cols))))
+    if _rows_contiguous(ast, c):
+        # an output whose neighbouring rows are neighbours in memory (a convolution's NCHW
+        # output: rows are batch, height, width) is stored coalesced by threads that are
+        # neighbours along m
+        body.append(ir.Decl("ty", tiling.dt, ir.alu("mod", tiling.lid, const(rows))))
+        body.append(ir.Decl("tx", tiling.dt, ir.alu("idiv", tiling.lid, const(rows))))
+    else:
+        body.append(ir.Decl("tx", tiling.dt, ir.alu("mod", tiling.lid, const(cols))))
+        body.append(ir.Decl("ty", tiling.dt, ir.alu("idiv", tiling.lid, const(cols))))
     tx, ty = ir.var("tx", tiling.dt), ir.var("ty", tiling.dt)
     for i in range(TM):
         for j in range(TN):
