@@ -99,17 +99,23 @@ _SPLIT_MIN = 2048  # elements each partial sum keeps at least
 _SPLIT_MAX = 64  # partial sums per output at most
 
 
-def _split_reduction(node: Lazy) -> None:
-    """Rewrite a sum of ``n`` elements per output over few outputs as partial sums of ``S``
-    slices of one reduced axis (their own kernel, with ``S`` times the work-groups), then the
-    sum of the partials: ``node`` stays the sum that gives the result, of the same shape. On
-    the processor the kernels' loops parallelize on their own, so it stays as it is."""
-    while node.op in MOVEMENT and not node.realized:  # a sum seen through a view of it
+def _sum_below(node: Lazy) -> Lazy | None:
+    """The unrealized sum ``node`` is, or is a view of; None if it is something else."""
+    while node.op in MOVEMENT and not node.realized:
         node = node.srcs[0]
+    return node if node.op is Op.SUM and not node.realized else None
+
+
+def _split_reduction(root: Lazy) -> None:
+    """Rewrite the sum ``root`` is (or views), of ``n`` elements per output over few outputs,
+    as partial sums of ``S`` slices of one reduced axis (their own kernel, with ``S`` times the
+    work-groups), then the sum of the partials: the sum node stays the one that gives the
+    result, of the same shape. On
+    the processor the kernels' loops parallelize on their own, so it stays as it is."""
+    node = _sum_below(root)
     # float16 and bfloat16 sums accumulate in float32 within a kernel: their partials would
     # round to the storage type, so they stay whole
-    if node.op is not Op.SUM or node.device.split(":")[0] == "cpu" or \
-            node.dtype in (float16, bfloat16):
+    if node is None or node.device.split(":")[0] == "cpu" or node.dtype in (float16, bfloat16):
         return
     src, axes = node.srcs[0], node.arg
     total = node.numel
@@ -141,15 +147,14 @@ _UNFOLD_MIN = 1 << 24
 _UNFOLD_MAX = 1 << 28  # bytes an unfolded operand may take at most
 
 
-def _unfold_windows(node: Lazy) -> None:
+def _unfold_windows(root: Lazy) -> None:
     """On the processor, a large convolution-like product (a sum of a product over more axes
     than a batched matrix product has) gets each operand that is a window view or out of order
     written out first (im2col, one copy kernel each) in the order BLAS reads: axes both
     operands have, then its own rows or columns, then the summed axes. The product then reads
     plain buffers and goes through BLAS (forward, data and weight gradients alike)."""
-    while node.op in MOVEMENT and not node.realized:
-        node = node.srcs[0]
-    if node.op is not Op.SUM or node.device.split(":")[0] != "cpu" or node.realized:
+    node = _sum_below(root)
+    if node is None or node.device.split(":")[0] != "cpu":
         return
     product = node.srcs[0]
     if product.op is not Op.MUL or product.numel < _UNFOLD_MIN or len(product.shape) < 5 or \

@@ -135,32 +135,59 @@ def async_operands(c: Contraction) -> tuple[AsyncOperand, AsyncOperand] | None:
     return None if x is None or y is None else (x, y)
 
 
+class Warps:
+    """What both tensor-core templates share: each warp's place in the work-group's tile
+    (``wm``, ``wn``), a lane's fragment row and column (``g``, ``t``), the float32 accumulators
+    of the warp's MI x NI fragments of 16 x 8 (``decls`` declares them all), and the epilogue
+    that stores them."""
+
+    def __init__(self, tiling: Tiling, opts: MmaOptions):
+        self.tiling, dt, const = tiling, tiling.dt, tiling.const
+        self.WM, self.WN = tiling.BM // opts.warps_m, tiling.BN // opts.warps_n  # a warp's tile
+        self.MI, self.NI = self.WM // 16, self.WN // 8  # fragments per warp
+        self.lane = ir.var("lane", dt)
+        warp = ir.var("warp", dt)
+        self.decls: list[ir.Stmt] = [
+            ir.Decl("warp", dt, ir.alu("idiv", tiling.lid, const(32))),
+            ir.Decl("lane", dt, ir.alu("mod", tiling.lid, const(32))),
+            ir.Decl("wm", dt, ir.alu("idiv", warp, const(opts.warps_n))),
+            ir.Decl("wn", dt, ir.alu("mod", warp, const(opts.warps_n))),
+            ir.Decl("g", dt, ir.alu("idiv", self.lane, const(4))),
+            ir.Decl("t", dt, ir.alu("mod", self.lane, const(4)))]
+        self.wm, self.wn, self.g, self.t = (ir.var(v, dt) for v in ("wm", "wn", "g", "t"))
+        self.accs = [[[f"c{i}_{j}_{e}" for e in range(4)] for j in range(self.NI)]
+                     for i in range(self.MI)]
+        self.decls += [ir.Decl(nm, float32, ir.const(0, float32))
+                       for row in self.accs for names in row for nm in names]
+
+    def store(self) -> list[ir.Stmt]:
+        """The epilogue of every accumulator: c0, c1 at row g, columns 2t and 2t + 1 of its
+        fragment; c2, c3 at row g + 8."""
+        tiling, const = self.tiling, self.tiling.const
+        row0 = add(mul(tiling.tm, tiling.BM), mul(self.wm, self.WM), self.g)
+        col0 = add(mul(tiling.tn, tiling.BN), mul(self.wn, self.WN), mul(self.t, 2))
+        return [tiling.store(add(row0, const(i * 16 + 8 * (e // 2))),
+                             add(col0, const(j * 8 + e % 2)),
+                             ir.var(self.accs[i][j][e], float32))
+                for i in range(self.MI) for j in range(self.NI) for e in range(4)]
+
+
 def build(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.Param], name: str,
           meta: dict) -> ir.Kernel:
     BM, BN, BK = opts.block_m, opts.block_n, opts.block_k
-    WM, WN = BM // opts.warps_m, BN // opts.warps_n  # a warp's tile
-    MI, NI = WM // 16, WN // 8  # fragments per warp
     KS = 8 if opts.tf32 else 16  # k per mma
     shape = "m16n8k8" if opts.tf32 else "m16n8k16"
     store_dtype = c.x.dtype  # float16, bfloat16, or float32 for tf32
     LD = BK + (4 if opts.tf32 else 8)  # padded row length of the local tiles
     tiling = Tiling(ast, c, BM, BN, BK, opts.threads)
-    dt, const = tiling.dt, tiling.const
+    const = tiling.const
+    warps = Warps(tiling, opts)
+    WM, WN, MI, NI, accs = warps.WM, warps.WN, warps.MI, warps.NI, warps.accs
+    wm, wn, g, t = warps.wm, warps.wn, warps.g, warps.t
 
     body: list[ir.Stmt] = [ir.LocalArray("xs", store_dtype, BM * LD, stored=True),
                            ir.LocalArray("ys", store_dtype, BN * LD, stored=True)]
-    body += tiling.tile_decls()
-    body += [ir.Decl("warp", dt, ir.alu("idiv", tiling.lid, const(32))),
-             ir.Decl("lane", dt, ir.alu("mod", tiling.lid, const(32)))]
-    warp, lane = ir.var("warp", dt), ir.var("lane", dt)
-    body += [ir.Decl("wm", dt, ir.alu("idiv", warp, const(opts.warps_n))),
-             ir.Decl("wn", dt, ir.alu("mod", warp, const(opts.warps_n))),
-             ir.Decl("g", dt, ir.alu("idiv", lane, const(4))),
-             ir.Decl("t", dt, ir.alu("mod", lane, const(4)))]
-    wm, wn, g, t = (ir.var(v, dt) for v in ("wm", "wn", "g", "t"))
-    accs = [[[f"c{i}_{j}_{r}" for r in range(4)] for j in range(NI)] for i in range(MI)]
-    body += [ir.Decl(nm, float32, ir.const(0, float32))
-             for frag_row in accs for names in frag_row for nm in names]
+    body += tiling.tile_decls() + warps.decls
 
     compute: list[ir.Stmt] = []
     for ks in range(BK // KS):
@@ -182,12 +209,7 @@ def build(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.Param], na
     def row_major(kk: ir.Expr, oo: ir.Expr) -> ir.Expr:
         return add(mul(oo, LD), kk)
 
-    body += tiling.k_loop(row_major, row_major, compute, prefetch=True)
-    tm, tn = tiling.tm, tiling.tn
-    body += [tiling.store(add(mul(tm, BM), mul(wm, WM), const(i * 16 + 8 * (r // 2)), g),
-                          add(mul(tn, BN), mul(wn, WN), const(j * 8 + r % 2), mul(t, 2)),
-                          ir.var(accs[i][j][r], float32))
-             for i in range(MI) for j in range(NI) for r in range(4)]
+    body += tiling.k_loop(row_major, row_major, compute, prefetch=True) + warps.store()
     return tiling.kernel(name, params, body, dict(meta, template=f"gemm {opts.describe()}"))
 
 
@@ -232,30 +254,20 @@ def build_pipelined(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.
     KS = 2 * run  # k per mma: 16 halves, or 8 floats as tf32
     assert operands is not None and opts.block_k % KS == 0
     BM, BN, BK, S = opts.block_m, opts.block_n, opts.block_k, opts.stages
-    WM, WN = BM // opts.warps_m, BN // opts.warps_n  # a warp's tile
-    MI, NI = WM // 16, WN // 8  # fragments per warp
-    assert NI % 2 == 0  # ldmatrix.x4 reads two fragments of y at once
     tiling = Tiling(ast, c, BM, BN, BK, opts.threads)
     dt, const = tiling.dt, tiling.const
+    warps = Warps(tiling, opts)
+    WM, WN, MI, NI, accs = warps.WM, warps.WN, warps.MI, warps.NI, warps.accs
+    wm, wn, g, t = warps.wm, warps.wn, warps.g, warps.t
+    assert NI % 2 == 0  # ldmatrix.x4 reads two fragments of y at once
     lx = Layout("xs", operands[0], BM, BK, dtype)
     ly = Layout("ys", operands[1], BN, BK, dtype)
     body: list[ir.Stmt] = [ir.LocalArray("xs", dtype, S * lx.size, stored=True),
                            ir.LocalArray("ys", dtype, S * ly.size, stored=True)]
-    body += tiling.tile_decls()
-    lane_vars = {"warp": ir.alu("idiv", tiling.lid, const(32)),
-                 "lane": ir.alu("mod", tiling.lid, const(32))}
-    body += [ir.Decl(nm, dt, v) for nm, v in lane_vars.items()]
-    warp, lane = ir.var("warp", dt), ir.var("lane", dt)
-    body += [ir.Decl("wm", dt, ir.alu("idiv", warp, const(opts.warps_n))),
-             ir.Decl("wn", dt, ir.alu("mod", warp, const(opts.warps_n))),
-             ir.Decl("q", dt, ir.alu("idiv", lane, const(8))),  # the ldmatrix matrix a lane
-             ir.Decl("r", dt, ir.alu("mod", lane, const(8))),  # addresses, and its row
-             ir.Decl("g", dt, ir.alu("idiv", lane, const(4))),  # a lane's fragment row
-             ir.Decl("t", dt, ir.alu("mod", lane, const(4)))]  # and column
-    wm, wn, q, r, g, t = (ir.var(v, dt) for v in ("wm", "wn", "q", "r", "g", "t"))
-    accs = [[[f"c{i}_{j}_{e}" for e in range(4)] for j in range(NI)] for i in range(MI)]
-    body += [ir.Decl(nm, float32, ir.const(0, float32))
-             for row in accs for names in row for nm in names]
+    body += tiling.tile_decls() + warps.decls
+    body += [ir.Decl("q", dt, ir.alu("idiv", warps.lane, const(8))),  # the ldmatrix matrix a
+             ir.Decl("r", dt, ir.alu("mod", warps.lane, const(8)))]  # lane addresses, its row
+    q, r = ir.var("q", dt), ir.var("r", dt)
 
     def copies(step: ir.Expr) -> list[ir.Stmt]:
         """This thread's cp.async of both operands' tiles at k-step ``step`` (an index, not
@@ -358,12 +370,7 @@ def build_pipelined(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.
                            ir.AsyncCommit()]
     loop += fragments(ir.alu("mod", kt, const(S)))
     body.append(ir.For("kt", const(0), const(steps), const(1), loop))
-    body.append(ir.AsyncWait(0))
-    tm, tn = tiling.tm, tiling.tn
-    body += [tiling.store(add(mul(tm, BM), mul(wm, WM), const(i * 16 + 8 * (e // 2)), g),
-                          add(mul(tn, BN), mul(wn, WN), const(j * 8 + e % 2), mul(t, 2)),
-                          ir.var(accs[i][j][e], float32))
-             for i in range(MI) for j in range(NI) for e in range(4)]
+    body += [ir.AsyncWait(0)] + warps.store()
     meta = dict(meta, template=f"gemm {opts.describe()}",
                 dynamic_shared=shared_bytes(opts, operands, dtype) > 48 * 1024)
     return tiling.kernel(name, params, body, meta)
