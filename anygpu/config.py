@@ -33,6 +33,10 @@ class Config:
     """Where compiled programs and tuning results live. Empty: the user cache dir."""
     disk_cache: int = 1
     """0 disables the on-disk compiled-program cache."""
+    tune: int = 0
+    """GEMM and convolution kernels on GPUs. 0: a configuration tuned before (on disk) or the
+    shape heuristics. 1: time a few configurations of each new kernel and keep the fastest on
+    disk. 2: a wider search."""
     cc: str = "cc"
     """The C compiler the cpu backend uses."""
     cpu_threads: int = 0

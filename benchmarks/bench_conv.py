@@ -27,20 +27,8 @@ import anygpu as ag  # noqa: E402
 from anygpu.graph import schedule as sched  # noqa: E402
 from anygpu.nn import functional as F  # noqa: E402
 from anygpu.runtime.registry import get_device  # noqa: E402
+from anygpu.tune.targets import RESNET50  # noqa: E402
 from timing import median_time  # noqa: E402  (benchmarks/timing.py)
-
-# (in channels, out channels, kernel, stride, input size): torchvision's ResNet-50 (v1.5)
-RESNET50 = [
-    (3, 64, 7, 2, 224),
-    (64, 64, 1, 1, 56), (64, 64, 3, 1, 56), (64, 256, 1, 1, 56), (256, 64, 1, 1, 56),
-    (256, 128, 1, 1, 56), (128, 128, 3, 2, 56), (128, 512, 1, 1, 28), (256, 512, 1, 2, 56),
-    (512, 128, 1, 1, 28), (128, 128, 3, 1, 28),
-    (512, 256, 1, 1, 28), (256, 256, 3, 2, 28), (256, 1024, 1, 1, 14), (512, 1024, 1, 2, 28),
-    (1024, 256, 1, 1, 14), (256, 256, 3, 1, 14),
-    (1024, 512, 1, 1, 14), (512, 512, 3, 2, 14), (512, 2048, 1, 1, 7), (1024, 2048, 1, 2, 14),
-    (2048, 512, 1, 1, 7), (512, 512, 3, 1, 7),
-]
-
 
 def _launches(outputs: list[ag.Tensor]) -> list[Any]:
     """The launches that compute ``outputs``, recorded while they run once (each kernel reads

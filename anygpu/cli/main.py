@@ -2,6 +2,7 @@
 
     anygpu devices            list every device of every backend, with a self-test each
     anygpu demo [--device D]  train a small CNN on handwritten digits
+    anygpu tune TARGET...     pre-tune the products and convolutions of a model on a GPU
 """
 
 from __future__ import annotations
@@ -68,6 +69,63 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if accuracy > 0.9 else 1
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    import anygpu as ag
+    from anygpu import tune
+    from anygpu.runtime.registry import get_device
+    from anygpu.tune import targets
+
+    device = get_device(args.device)  # fails here, with the reason, if the device cannot open
+    dtype = {"fp32": ag.float32, "tf32": ag.float32, "fp16": ag.float16,
+             "bf16": ag.bfloat16}[args.precision]
+    ag.set_float32_matmul_precision("high" if args.precision == "tf32" else "highest")
+    try:
+        work = [t for spec in args.targets
+                for t in targets.parse(spec, args.batch, args.device, dtype)]
+    except ValueError as err:
+        print(f"anygpu tune: {err}", file=sys.stderr)
+        return 2
+    if device.dialect == "c":
+        print("the cpu backend has nothing to tune: its products go through BLAS")
+        return 0
+    tune.forced = args.level
+    start = time.monotonic()
+    tune.deadline = start + args.time_limit if args.time_limit else None
+    print(f"tuning {len(work)} target(s) on {device.name} ({device.info.name}), level "
+          f"{args.level}, {args.precision}; winners go to {config.get().cache_path / 'tuning'}")
+    done = 0
+
+    def report(record: tune.Record) -> None:
+        print(f"    {record.name}: {record.configurations} configurations, "
+              f"{record.default_s / record.best_s:.2f}x the heuristic choice "
+              f"({record.best}), {record.seconds:.1f} s", flush=True)
+
+    tune.on_record = report if args.verbose else None
+    try:
+        for i, target in enumerate(work):
+            if tune.deadline is not None and time.monotonic() > tune.deadline:
+                print(f"time limit reached: {len(work) - i} target(s) left untuned")
+                break
+            first, before = len(tune.records), tune.reused
+            t0 = time.monotonic()
+            target.run()
+            device.synchronize()
+            new = tune.records[first:]
+            gain = max((r.default_s / r.best_s for r in new), default=1.0)
+            bar = "#" * (20 * (i + 1) // len(work))
+            print(f"[{bar:20s}] {i + 1:3d}/{len(work)} {target.label:28s} {len(new):2d} kernels "
+                  f"tuned ({tune.reused - before} before), best gain {gain:4.2f}x, "
+                  f"{time.monotonic() - t0:6.1f} s", flush=True)
+            done += 1
+    finally:
+        tune.on_record = tune.deadline = tune.forced = None
+    records = tune.records
+    faster = [r for r in records if r.best_s < r.default_s]
+    print(f"tuned {len(records)} kernels of {done} target(s) in {time.monotonic() - start:.1f} s; "
+          f"{len(faster)} run faster than the heuristic choice")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="anygpu", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -84,6 +142,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("tune", help="pre-tune the GEMM and convolution kernels of a model",
+                       description="Time the template configurations of each product and "
+                       "convolution kernel the targets run and keep the fastest on disk. "
+                       "Targets: matmul:MxKxN, conv:CIN,COUT,K,STRIDE,SIZE (padding K//2), "
+                       "resnet50 (its distinct convolutions), or a Python script.")
+    p.add_argument("targets", nargs="+", help="what to tune (see above)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--precision", choices=["fp32", "tf32", "fp16", "bf16"], default="fp32")
+    p.add_argument("--batch", type=int, default=16, help="batch of the convolutions")
+    p.add_argument("--level", type=int, choices=[1, 2], default=1,
+                   help="1: a few tile shapes per kernel; 2: a wider search")
+    p.add_argument("--time-limit", type=float, default=0,
+                   help="seconds; after them kernels keep the heuristic choice (0: none)")
+    p.add_argument("-v", "--verbose", action="store_true", help="a line per kernel tuned")
+    p.set_defaults(func=cmd_tune)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -379,12 +379,34 @@ def _accumulate(stage: Stage, name: str) -> ir.Stmt:
     return ir.Assign(name, ir.alu(REDUCE_ALU[stage.op], ir.var(name, stage.dtype), stage.value))
 
 
+TemplateOptions = gemm.GemmOptions | mma.MmaOptions
+
+
+def template_options(ast: KernelAST, dialect: str, max_local: int, features: dict,
+                     level: int) -> list[TemplateOptions]:
+    """The configurations of the GEMM templates that may compute ``ast`` on a GPU, the one
+    ``to_ir`` picks by itself first; empty where no template applies. ``level`` (the tuner's):
+    1 a few tile shapes of the chosen template, 2 a wider search across both templates."""
+    contraction = gemm.match(ast) if dialect != "c" else None
+    if contraction is None:
+        return []
+    tensor = mma.candidates(contraction, dialect, features, max_local, level)
+    simt = gemm.candidates(contraction, max_local, level)
+    default = mma.choose(contraction, dialect, features, max_local)
+    if default is None:
+        # the SIMT template's choice (or none: the product is too small for a template)
+        return simt + tensor if simt else []
+    pipelined = default.stages > 0
+    return tensor + (simt if level >= 2 or not pipelined else [])
+
+
 def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
-          features: dict | None = None) -> ir.Kernel:
+          features: dict | None = None, options: TemplateOptions | None = None) -> ir.Kernel:
     """Choose loops for the kernel on a device: plain loops on cpu, work-groups on GPUs.
     ``features`` describes the device beyond its dialect: "cc" (CUDA compute capability),
     "tf32" (whether float32 products may use tf32 tensor cores) and "max_shared" (the local
-    memory a work-group may take, in bytes)."""
+    memory a work-group may take, in bytes). ``options`` (one of ``template_options``) forces
+    a template configuration where the tuner found a better one."""
     params = [ir.Param("b0", ast.output.dtype, True)] + \
         [ir.Param(f"b{i + 1}", n.dtype, False) for i, n in enumerate(ast.inputs)]
     outer_total = math.prod(d[1] for d in ast.outer)
@@ -406,15 +428,17 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
     contraction = gemm.match(ast)
     features = features or {}
     if contraction is not None:
-        mma_opts = mma.choose(contraction, dialect, features, max_local)
+        mma_opts = mma.choose(contraction, dialect, features, max_local) \
+            if options is None else options if isinstance(options, mma.MmaOptions) else None
         if mma_opts is not None:
             build = mma.build_pipelined if mma_opts.stages else mma.build
             return build(ast, contraction, mma_opts, params, "gemm_" + sizes,
-                         {"bytes": kernel_bytes(ast)})
-    opts = gemm.choose(contraction, max_local) if contraction is not None else None
+                         {"bytes": kernel_bytes(ast), "options": mma_opts})
+    opts = options if isinstance(options, gemm.GemmOptions) else \
+        gemm.choose(contraction, max_local) if contraction is not None else None
     if contraction is not None and opts is not None:
         return gemm.build(ast, contraction, opts, params, "gemm_" + sizes,
-                          {"bytes": kernel_bytes(ast)})
+                          {"bytes": kernel_bytes(ast), "options": opts})
     if not ast.reduce and not ast.stages:  # stages over size-1 axes still need their loops
         local = min(256, max_local)
         per_thread = 4 if outer_total >= (1 << 20) else 1

@@ -17,7 +17,7 @@ from typing import Callable, Sequence, cast
 
 import numpy as np
 
-from anygpu import config
+from anygpu import config, tune
 from anygpu.codegen import ir, lower
 from anygpu.codegen.render.cstyle import render
 from anygpu.codegen.render.wgsl import launch_groups
@@ -369,6 +369,9 @@ def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
                     "max_shared": device.info.extra.get("max_shared", 48 * 1024)}
         kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size, features)
         source = render(kernel, device.dialect)
+        if "options" in kernel.meta:  # a template kernel: a tuned configuration may replace it
+            kernel, source = tune.choose(device, ast, kernel, source, features,
+                                         [cast(Buffer, inp.buffer) for inp in ast.inputs])
         if config.get().debug >= 2:
             print(source, file=sys.stderr)
         program = device.program(source, kernel.name)

@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -255,6 +256,22 @@ class Device:
             binary = self._compile_cached(source, name)
             prog = self._programs[key] = self.load(binary, name, source)
         return prog
+
+    def prebuild(self, kernels: Sequence[tuple[str, str]]) -> None:
+        """Compile (source, name) pairs into the disk cache on several threads at once (the
+        tuner's candidates); ``program`` then loads each. A kernel that fails to compile is
+        left out here and reports its error when ``program`` is called for it."""
+        if not config.get().disk_cache or len(kernels) < 2:
+            return
+
+        def build(kernel: tuple[str, str]) -> None:
+            try:
+                self._compile_cached(*kernel)
+            except Exception:  # noqa: BLE001 (reported again by program())
+                pass
+
+        with ThreadPoolExecutor(min(len(kernels), os.cpu_count() or 1, 8)) as pool:
+            list(pool.map(build, kernels))
 
     def _cache_file(self, source: str) -> str:
         info = self.info

@@ -183,6 +183,29 @@ def choose(c: Contraction, max_local: int) -> GemmOptions | None:
     return opts if opts.threads <= max_local else None
 
 
+# (block_m, block_n, block_k, thread_m, thread_n) the tuner tries; the second list at level 2
+_SHAPES = [(128, 128, 8, 8, 8), (64, 64, 16, 4, 4), (128, 64, 8, 8, 4), (64, 128, 8, 4, 8),
+           (64, 64, 8, 4, 4)]
+_MORE_SHAPES = [(128, 128, 16, 8, 8), (64, 64, 32, 4, 4), (128, 64, 16, 8, 4),
+                (64, 128, 16, 4, 8), (32, 64, 16, 4, 4), (64, 32, 16, 4, 4)]
+
+
+def candidates(c: Contraction, max_local: int, level: int) -> list[GemmOptions]:
+    """The configurations the tuner times for ``c`` (``choose``'s first): tile shapes, and at
+    level 2 longer k-steps, no prefetch and one group per SM too."""
+    default = choose(c, max_local)
+    if default is None:
+        return []
+    out = [default]
+    for bm, bn, bk, tm, tn in _SHAPES + (_MORE_SHAPES if level >= 2 else []):
+        variants = [GemmOptions(bm, bn, bk, tm, tn)]
+        if level >= 2:
+            variants += [GemmOptions(bm, bn, bk, tm, tn, min_blocks=1),
+                         GemmOptions(bm, bn, bk, tm, tn, prefetch=False)]
+        out += [o for o in variants if o not in out and o.threads <= max_local]
+    return out
+
+
 def clamped(v: ir.Expr, size: int) -> ir.Expr:
     """``v`` limited to [0, size): staging reads a valid address, then discards the value."""
     top = ir.const(size - 1, v.dtype)

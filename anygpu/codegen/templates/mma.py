@@ -68,16 +68,11 @@ def choose(c: Contraction, dialect: str, features: dict, max_local: int) -> MmaO
     """Options for a contraction on tensor cores, or None where they do not apply. ``features``:
     "cc" (compute capability), "tf32" (whether float32 may run as tf32), "max_shared" (local
     memory a work-group may take, in bytes)."""
-    cc = features.get("cc", (0, 0))
-    if dialect != "cuda" or cc < (8, 0) or c.x.dtype != c.y.dtype:
+    if not eligible(c, dialect, features):
         return None
     dtype = c.x.dtype
-    m, n, k = c.M, c.N, c.K
-    if m < 64 or n < 64 or k < 32 or m * n * k < 1 << 21:
-        return None
-    tf32 = dtype == float32 and features.get("tf32", False)
-    if dtype not in (float16, bfloat16) and not tf32:
-        return None
+    m, n = c.M, c.N
+    tf32 = dtype == float32
     operands = async_operands(c)
     opts: MmaOptions | None = None
     if operands is not None:
@@ -101,6 +96,51 @@ def choose(c: Contraction, dialect: str, features: dict, max_local: int) -> MmaO
     # to the SIMT template: staged through registers here they ran at 11.7 TFLOP/s on an H100
     # (4096^3), below its 20 (77% of the cycles waited on the staging loads)
     return opts if opts is not None and opts.threads <= max_local else None
+
+
+def eligible(c: Contraction, dialect: str, features: dict) -> bool:
+    """Whether tensor cores may compute ``c``: CUDA from compute capability 8.0, float16 or
+    bfloat16 operands (float32 ones as tf32 where allowed), and a product large enough."""
+    cc = features.get("cc", (0, 0))
+    if dialect != "cuda" or cc < (8, 0) or c.x.dtype != c.y.dtype:
+        return False
+    if c.M < 64 or c.N < 64 or c.K < 32 or c.M * c.N * c.K < 1 << 21:
+        return False
+    return c.x.dtype in (float16, bfloat16) or \
+        (c.x.dtype == float32 and features.get("tf32", False))
+
+
+def candidates(c: Contraction, dialect: str, features: dict, max_local: int,
+               level: int) -> list[MmaOptions]:
+    """The tensor-core configurations the tuner times for ``c`` (``choose``'s first where it
+    picks tensor cores): tile shapes and warp layouts, k-steps and, at level 2, pipeline
+    depths."""
+    if not eligible(c, dialect, features):
+        return []
+    default = choose(c, dialect, features, max_local)
+    out = [default] if default is not None else []
+    dtype = c.x.dtype
+    tf32 = dtype == float32
+    operands = async_operands(c)
+    if operands is not None:
+        tiles = [(128, 128, 2, 2), (64, 64, 2, 2), (128, 64, 2, 2), (64, 128, 2, 2),
+                 (128, 128, 2, 4), (256, 128, 4, 2), (128, 256, 2, 4)]
+        steps = (16, 32) if tf32 else (32, 64)
+        depths = (2, 3, 4) if level >= 2 else (3,)
+        for bm, bn, wm, wn in tiles:
+            for bk in steps:
+                for stages in depths:
+                    o = MmaOptions(bm, bn, bk, wm, wn, tf32=tf32, stages=stages)
+                    if o not in out and o.threads <= max_local and \
+                            shared_bytes(o, operands, dtype) <= features.get("max_shared",
+                                                                             48 * 1024):
+                        out.append(o)
+    elif tf32:  # computed operands: staged through registers
+        for o in (MmaOptions(block_k=8, tf32=True), MmaOptions(block_k=16, tf32=True),
+                  MmaOptions(64, 64, 8, 2, 2, tf32=True), MmaOptions(64, 64, 16, 2, 2, tf32=True)):
+            if o not in out and o.threads <= max_local:
+                out.append(o)
+    return out
 
 
 @dataclass(frozen=True)
