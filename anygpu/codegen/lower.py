@@ -494,11 +494,91 @@ def _nested(dims: list[tuple[str, int, bool]], dt: DType, body: list[ir.Stmt]) -
     return body
 
 
+def _cpu_columns(ast: KernelAST, work: int) -> list[ir.Stmt] | None:
+    """A sum along a slow axis (a column sum, a bias gradient): W neighbouring outputs at once,
+    each with its own accumulator, so the innermost statements read W neighbouring elements
+    (the compiler makes them one vector operation) instead of striding through memory for
+    each output. None where the kernel is not such a reduction."""
+    if len(ast.stages) != 1 or not ast.reduced_output or not ast.outer or not ast.reduce:
+        return None
+    stage = ast.stages[0]
+    name, size, _ = ast.outer[-1]
+    if gemm.stride(stage.value, name) != 1 or gemm.stride(stage.value, ast.reduce[-1][0]) in (
+            1, None):
+        return None
+    width = next((w for w in (16, 8, 4) if size % w == 0 and size > w), 0)
+    if not width:
+        return None
+    dt = ast.index_dtype
+    lanes = [ir.alu("add", ir.var(name, dt), ir.const(j, dt)) for j in range(width)]
+    accs = [f"acc0_{j}" for j in range(width)]
+    body: list[ir.Stmt] = [ir.Decl(a, stage.dtype, reduce_identity(stage.op, stage.dtype))
+                           for a in accs]
+    body += _nested(ast.reduce, dt, [
+        ir.Assign(a, ir.alu(REDUCE_ALU[stage.op], ir.var(a, stage.dtype),
+                            ir.substitute(stage.value, {name: lane})))
+        for a, lane in zip(accs, lanes)])
+    for a, lane in zip(accs, lanes):
+        env = {name: lane, "acc0": ir.var(a, stage.dtype)}
+        body.append(ir.Store("b0", ir.substitute(ast.out_index, env),
+                             ir.substitute(ast.out_value, env)))
+    one = ir.const(1, dt)
+    loop: ir.Stmt = ir.For(name, ir.const(0, dt), ir.const(size, dt), ir.const(width, dt), body)
+    for other, other_size, _ in reversed(ast.outer[:-1]):
+        loop = ir.For(other, ir.const(0, dt), ir.const(other_size, dt), one, [loop])
+    assert isinstance(loop, ir.For)
+    loop.parallel = work >= 1 << 15
+    return [loop]
+
+
+def _cpu_rows(ast: KernelAST, work: int) -> list[ir.Stmt] | None:
+    """A sum or max along the contiguous axis (a row sum): 8 accumulators over interleaved
+    elements, so that the innermost statements read 8 neighbours (one vector operation; a
+    single accumulator is a chain the compiler may not reorder), combined at the end. None
+    where the kernel is not such a reduction."""
+    if len(ast.stages) != 1 or not ast.reduced_output or not ast.reduce:
+        return None
+    stage = ast.stages[0]
+    name, size, _ = ast.reduce[-1]
+    width = 8
+    if size % width or size < 4 * width or gemm.stride(stage.value, name) != 1 or \
+            not stage.dtype.is_float:
+        return None
+    dt = ast.index_dtype
+    accs = [f"acc0_{j}" for j in range(width)]
+    alu = REDUCE_ALU[stage.op]
+    lanes = [ir.alu("add", ir.var(name, dt), ir.const(j, dt)) for j in range(width)]
+    step = [ir.Assign(a, ir.alu(alu, ir.var(a, stage.dtype),
+                                ir.substitute(stage.value, {name: lane})))
+            for a, lane in zip(accs, lanes)]
+    loop: list[ir.Stmt] = [ir.For(name, ir.const(0, dt), ir.const(size, dt), ir.const(width, dt),
+                                  step)]
+    body: list[ir.Stmt] = [ir.Decl(a, stage.dtype, reduce_identity(stage.op, stage.dtype))
+                           for a in accs]
+    body += _nested(ast.reduce[:-1], dt, loop)
+    total = ir.var(accs[0], stage.dtype)
+    for a in accs[1:]:
+        total = ir.alu(alu, total, ir.var(a, stage.dtype))
+    body.append(ir.Decl("acc0", stage.dtype, total))
+    body.append(ir.Store("b0", ast.out_index, ast.out_value))
+    if not ast.outer:
+        return body
+    out = _nested(ast.outer, ast.index_dtype, body)
+    first = out[0]
+    assert isinstance(first, ir.For)
+    first.parallel = work >= 1 << 15
+    return out
+
+
 def _cpu_body(ast: KernelAST, store: ir.Store, outer_total: int,
               threads: bool = True) -> list[ir.Stmt]:
     dt = ast.index_dtype
     red_total = math.prod(d[1] for d in ast.reduce)
     work = outer_total * max(red_total, 1)
+    special = (_cpu_columns(ast, work) or _cpu_rows(ast, work)) if threads and outer_total > 1 \
+        else None
+    if special is not None:
+        return special
     inner: list[ir.Stmt] = []
     for k, stage in enumerate(ast.stages):
         acc = f"acc{k}"

@@ -134,7 +134,7 @@ def _evaluate(e: ir.Expr, env: dict[str, int]) -> int | None:
     return None if a is None or b is None else int(fn(a, b))
 
 
-def _stride(e: ir.Expr, var: str) -> int | None:
+def stride(e: ir.Expr, var: str) -> int | None:
     """How far the first load of ``e`` moves in memory when ``var`` goes from 0 to 1."""
     loads = _loads(e, [], set())
     if not loads:
@@ -164,8 +164,8 @@ def match(ast) -> Contraction | None:  # ast: lower.KernelAST (not imported: low
     if not ms or not ns or len(both) + len(ms) + len(ns) != len(outer):
         return None
     k_inner = ks[-1][0]
-    sxk, sxm = _stride(x, k_inner), _stride(x, ms[-1][0])
-    syn, syk = _stride(y, ns[-1][0]), _stride(y, k_inner)
+    sxk, sxm = stride(x, k_inner), stride(x, ms[-1][0])
+    syn, syk = stride(y, ns[-1][0]), stride(y, k_inner)
     return Contraction(ms, ns, ks, both, x, y,
                        x_contiguous_k=sxk == 1 or sxm != 1, y_contiguous_n=syn == 1 or syk != 1)
 
