@@ -548,9 +548,9 @@ def _cpu_rows(ast: KernelAST, work: int) -> list[ir.Stmt] | None:
     accs = [f"acc0_{j}" for j in range(width)]
     alu = REDUCE_ALU[stage.op]
     lanes = [ir.alu("add", ir.var(name, dt), ir.const(j, dt)) for j in range(width)]
-    step: list[ir.Stmt] = [ir.Assign(a, ir.alu(alu, ir.var(a, stage.dtype),
-                                ir.substitute(stage.value, {name: lane})))
-            for a, lane in zip(accs, lanes)]
+    step: list[ir.Stmt] = [
+        ir.Assign(a, ir.alu(alu, ir.var(a, stage.dtype), ir.substitute(stage.value, {name: lane})))
+        for a, lane in zip(accs, lanes)]
     loop: list[ir.Stmt] = [ir.For(name, ir.const(0, dt), ir.const(size, dt), ir.const(width, dt),
                                   step)]
     body: list[ir.Stmt] = [ir.Decl(a, stage.dtype, reduce_identity(stage.op, stage.dtype))
