@@ -190,6 +190,20 @@ class Tensor:
     def clone(self) -> "Tensor":
         return self.contiguous()
 
+    def __deepcopy__(self, memo: dict) -> "Tensor":
+        """A copy in memory of its own, of the same class (``copy.deepcopy`` of a model copies
+        its parameters); only a leaf tensor may be copied, as in PyTorch."""
+        if self._ctx is not None:
+            raise RuntimeError("only tensors created explicitly (graph leaves) support "
+                               "deepcopy; detach() it first")
+        data = Tensor(self.lazy.contiguous()).realize()
+        out = type(self).__new__(type(self))
+        Tensor.__init__(out, data.lazy, requires_grad=self.requires_grad)
+        memo[id(self)] = out
+        if self.grad is not None:
+            out.grad = self.grad.__deepcopy__(memo)
+        return out
+
     # ---- the one place graph nodes are made ------------------------------------------------------
     @staticmethod
     def _make(lazy: Lazy, parents: tuple["Tensor", ...], op: Any, arg: Any = None) -> "Tensor":

@@ -28,6 +28,7 @@ from anygpu.graph import schedule as sched  # noqa: E402
 from anygpu.nn import functional as F  # noqa: E402
 from anygpu.runtime.registry import get_device  # noqa: E402
 from anygpu.tune.targets import RESNET50  # noqa: E402
+from peaks import peak_tflops  # noqa: E402  (benchmarks/peaks.py)
 from timing import median_time  # noqa: E402  (benchmarks/timing.py)
 
 def _launches(outputs: list[ag.Tensor]) -> list[Any]:
@@ -88,7 +89,9 @@ def _measure(device: str, batch: int, reps: int, shape: tuple[int, int, int, int
 
     tt_fwd = median_time(torch_fwd, tsync, reps, rounds=3)
     tt_bwd = median_time(torch_bwd, tsync, reps, rounds=3)
-    row = {"conv": f"{cin}->{cout} {k}x{k} s{stride} @{size}", "fwd_ms": t_fwd * 1e3,
+    flops = 2.0 * batch * out_size * out_size * cout * cin * k * k  # backward: twice that
+    row = {"conv": f"{cin}->{cout} {k}x{k} s{stride} @{size}", "fwd_gflop": flops / 1e9,
+           "fwd_ms": t_fwd * 1e3,
            "torch_fwd_ms": tt_fwd * 1e3, "bwd_ms": t_bwd * 1e3, "torch_bwd_ms": tt_bwd * 1e3,
            "fwd_kernels": len(fwd), "bwd_kernels": len(bwd), "err_fwd": err_fwd,
            "err_bwd": err_bwd}
@@ -119,7 +122,16 @@ def run(device: str, batch: int, reps: int, tf32: bool, only: int | None) -> lis
         for key in ("fwd", "bwd"):
             ratios = [r[f"{key}_ms"] / r[f"torch_{key}_ms"] for r in rows]
             geo = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
-            print(f"{key}: geometric mean {geo:.2f}x PyTorch's time, worst {max(ratios):.2f}x")
+            work = sum(r["fwd_gflop"] for r in rows) * (1 if key == "fwd" else 2) / 1e3
+            ours = work / sum(r[f"{key}_ms"] for r in rows) * 1e3
+            theirs = work / sum(r[f"torch_{key}_ms"] for r in rows) * 1e3
+            peak = peak_tflops("tf32" if tf32 else "float32") if on_gpu else None
+            rate = f"; {ours:.1f} TFLOP/s over all, PyTorch {theirs:.1f}"
+            if peak:
+                rate += (f" (peak {peak:.0f}: {100 * ours / peak:.0f}% and "
+                         f"{100 * theirs / peak:.0f}%)")
+            print(f"{key}: geometric mean {geo:.2f}x PyTorch's time, worst {max(ratios):.2f}x"
+                  + rate)
     return rows
 
 

@@ -8,7 +8,8 @@ in TFLOP/s (2 * M * N * K per product), beside ``torch.matmul`` on the same GPU 
 way (PyTorch on the processor for ``--device cpu``): float32 exact on both sides, tf32 (CUDA)
 with ``set_float32_matmul_precision("high")`` here and ``allow_tf32`` there, float16 and
 bfloat16. The result is checked against PyTorch's first. Also a transposed operand (A.T @ B)
-and a fused epilogue ((A @ B + bias).relu()), each one kernel.
+and a fused epilogue ((A @ B + bias).relu()), each one kernel. Each row ends with the GPU's
+peak rate for the precision (``benchmarks/peaks.py``) and the share of it both sides reach.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import anygpu as ag  # noqa: E402
 from anygpu.graph.schedule import KernelItem, prepare, schedule  # noqa: E402
 from anygpu.runtime.registry import get_device  # noqa: E402
+from peaks import peak_tflops  # noqa: E402  (benchmarks/peaks.py)
 from timing import median_time  # noqa: E402  (benchmarks/timing.py)
 
 
@@ -101,6 +103,8 @@ def run(devices: list[str], size: int, reps: int) -> list[dict]:
                     row.update(torch_ms=ts * 1e3 if ts else None,
                                torch_tflops=flops / ts / 1e12 if ts else None,
                                ratio=(ts / seconds) if ts else None, max_rel_err=err)
+                peak = None if on_cpu else peak_tflops(precision)
+                row["peak_tflops"] = peak
                 rows.append(row)
                 line = (f"{device:8s} {precision:9s} {label:24s} {row['ms']:8.3f} ms "
                         f"{row['tflops']:7.2f} TFLOP/s")
@@ -108,6 +112,10 @@ def run(devices: list[str], size: int, reps: int) -> list[dict]:
                     line += (f" | torch {row['torch_ms']:8.3f} ms {row['torch_tflops']:7.2f} "
                              f"TFLOP/s | {100 * row['ratio']:5.1f}% of torch | "
                              f"err {row['max_rel_err']:.1e}")
+                if peak:
+                    line += f" | peak {peak:6.1f}: {100 * row['tflops'] / peak:4.1f}%"
+                    if row.get("torch_tflops"):
+                        line += f", torch {100 * row['torch_tflops'] / peak:4.1f}%"
                 print(line + f"  [{name}]", flush=True)
     return rows
 

@@ -453,7 +453,8 @@ class CUDADevice(GPUDevice):
             max_local_size=self._attribute(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
             local_memory=self._attribute(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK),
             extra={"cc": self.compute_capability, "max_shared": self._attribute(
-                attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)})
+                attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+                "clock_khz": self._attribute(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE)})
 
     def supports(self, dtype: DType) -> bool:
         if dtype == float16:
