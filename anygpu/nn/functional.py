@@ -260,7 +260,14 @@ def max_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = Non
                              f"padding={p}, kernel_size={k} and dilation={d}")
     low = float("-inf") if x.dtype.is_float else int(np.iinfo(x.dtype.np).min)
     win, (oh, ow) = _pool_windows(x, k, s, p, d, ceil_mode, low)
-    out = win._max_first(-1, False)  # ties send the gradient to the index returned
+    if x.dtype.is_float:
+        # the gradient rule (ops/grad.py "max_pool2d") sends each output's gradient to its
+        # first maximum directly, one window offset at a time: two kernels, not the chain of
+        # the windows' views
+        out = x._custom("max_pool2d", (), (k, s, p, d, ceil_mode),
+                        lambda: win._max(-1, keepdim=False))
+    else:
+        out = win._max(-1, keepdim=False)
     if not return_indices:
         return out.squeeze(0) if unbatched else out
     a = win.argmax(-1)  # offset in the window, row-major over (KH, KW)

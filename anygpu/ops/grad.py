@@ -135,6 +135,52 @@ def _max_first_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tenso
     return (first._select(g.expand(x.shape), g._const_like(0)),)
 
 
+def _place(t: "Tensor", axis: int, stride: int, offset: int, size: int) -> "Tensor":
+    """``t`` spread along ``axis`` to ``size`` positions: element i lands at i * stride +
+    offset, zeros elsewhere (a pooling window's offset mapped back onto its input)."""
+    n = t.shape[axis]
+    if stride > 1:  # i -> i * stride: a new axis of stride - 1 zeros after each element
+        shape = t.shape[:axis + 1] + (1,) + t.shape[axis + 1:]
+        zeros = [(0, 0)] * len(shape)
+        zeros[axis + 1] = (0, stride - 1)
+        spread = t.reshape(shape).pad([w for pair in reversed(zeros) for w in pair])
+        t = spread.reshape(t.shape[:axis] + (n * stride,) + t.shape[axis + 1:])
+    length = t.shape[axis]
+    # now element i sits at i (times the stride); move it by ``offset`` and cut to ``size``
+    start, stop = -offset, size - offset  # the part of t that lands in [0, size)
+    lo, hi = max(start, 0), min(stop, length)
+    bounds = [(0, d) for d in t.shape]
+    bounds[axis] = (lo, max(hi, lo))
+    t = t.shrink(bounds)
+    before, after = lo - start, stop - max(hi, lo)
+    widths = [(0, 0)] * t.ndim
+    widths[axis] = (before, after)
+    return t.pad([w for pair in reversed(widths) for w in pair])
+
+
+def _max_pool2d_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    """max_pool2d: each output's gradient goes to its window's first maximum (or NaN), as in
+    PyTorch. For each of the window's offsets, the outputs whose maximum sits there give their
+    gradient to the input element at that offset: a strided placement of a masked gradient,
+    and all offsets summed in one elementwise kernel over the input."""
+    from anygpu.nn.functional import _pool_windows
+
+    (x,) = ps
+    k, s, p, d, ceil_mode = arg
+    win, _ = _pool_windows(x, k, s, p, d, ceil_mode, float("-inf"))
+    first = win.argmax(-1)  # the window offset, row-major over (KH, KW); NaN counts as largest
+    total: "Tensor | None" = None
+    h, w = x.shape[2:]
+    for i in range(k[0]):
+        for j in range(k[1]):
+            part = first.eq(i * k[1] + j)._select(g, g._const_like(0))
+            part = _place(part, 2, s[0], i * d[0] - p[0], h)
+            part = _place(part, 3, s[1], j * d[1] - p[1], w)
+            total = part if total is None else total + part
+    assert total is not None
+    return (total,)
+
+
 def _pow_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
     """PyTorch's: d/da = b * a ** (b - 1), 0 where b = 0; d/db = out * log(a), 0 where a = 0
     and b >= 0."""
@@ -223,6 +269,7 @@ RULES: dict[Any, Rule] = {
     "clamp": _clamp_grad,
     "erf": lambda out, ps, arg, g: (g * (-ps[0] * ps[0]).exp() * (2 / math.sqrt(math.pi)),),
     "max_first": _max_first_grad,
+    "max_pool2d": _max_pool2d_grad,
     "std": _std_grad,
 }
 # comparisons, logic, integer division and bit ops have bool or integer results: no gradient flows
