@@ -2,7 +2,8 @@
 the same GPU, in one run: forward, and backward (the gradients of input and weight together).
 With ``--device cpu`` the peer is PyTorch on the processor.
 
-    python benchmarks/bench_conv.py --device cuda [--batch 16] [--tf32] [--only N] [--json out.json]
+    python benchmarks/bench_conv.py --device cuda [--batch 16] [--tf32] [--only N ...]
+        [--winograd auto|on|off] [--json out.json]
 
 Times are the kernels anygpu launches for each (queued back to back, median of several rounds,
 inputs realized first), beside ``torch.nn.functional.conv2d`` and ``torch.autograd.grad`` timed
@@ -102,7 +103,7 @@ def _measure(device: str, batch: int, reps: int, shape: tuple[int, int, int, int
     return row
 
 
-def run(device: str, batch: int, reps: int, tf32: bool, only: int | None) -> list[dict]:
+def run(device: str, batch: int, reps: int, tf32: bool, only: list[int] | None) -> list[dict]:
     import torch
 
     # the peer: PyTorch on the same GPU, or on the processor for the cpu backend
@@ -115,7 +116,7 @@ def run(device: str, batch: int, reps: int, tf32: bool, only: int | None) -> lis
     rows = []
     rng = np.random.default_rng(0)
     for index, shape in enumerate(RESNET50):
-        if only is not None and index != only:
+        if only is not None and index not in only:
             continue
         rows.append(_measure(device, batch, reps, shape, rng, tdev, tsync))
     if rows:
@@ -141,9 +142,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tf32", action="store_true")
-    parser.add_argument("--only", type=int, help="run only the convolution at this index")
+    parser.add_argument("--only", type=int, nargs="+",
+                        help="run only the convolutions at these indices")
+    parser.add_argument("--winograd", choices=["auto", "on", "off"], default="auto",
+                        help="3x3 stride-1 convolutions by Winograd's F(2x2, 3x3): where it wins, "
+                             "always or never")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    F.WINOGRAD = {"auto": None, "on": True, "off": False}[args.winograd]
     rows = run(args.device, args.batch, args.reps, args.tf32, args.only)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

@@ -128,6 +128,46 @@ def test_conv_transpose2d_matches_conv2d_gradient(device, close, randn):
           TF.conv_transpose2d(torch.tensor(y), torch.tensor(w), **kw))
 
 
+WINOGRAD_CASES = [((1, 3, 8, 8), 4, 1, True), ((2, 5, 9, 7), 6, 1, False),
+                  ((1, 4, 5, 6), 3, 0, True), ((3, 2, 4, 3), 5, "same", True)]
+
+
+@pytest.mark.parametrize("shape,out,padding,bias", WINOGRAD_CASES,
+                         ids=range(len(WINOGRAD_CASES)))
+def test_conv2d_winograd(device, close, randn, monkeypatch, shape, out, padding, bias):
+    # F(2x2, 3x3) forced on: odd and even output sizes (a last half tile), batch 1, no padding,
+    # with and without bias; forward and both gradients against PyTorch's direct convolution
+    monkeypatch.setattr(F, "WINOGRAD", True)
+    xh, wh = randn(shape, 30), randn((out, shape[1], 3, 3), 31)
+    bh = randn((out,), 32) if bias else None
+    x = ag.tensor(xh, device=device, requires_grad=True)
+    w = ag.tensor(wh, device=device, requires_grad=True)
+    b = ag.tensor(bh, device=device, requires_grad=True) if bias else None
+    tx, tw = torch.tensor(xh, requires_grad=True), torch.tensor(wh, requires_grad=True)
+    tb = torch.tensor(bh, requires_grad=True) if bias else None
+    y, ty = F.conv2d(x, w, b, padding=padding), TF.conv2d(tx, tw, tb, padding=padding)
+    close(y, ty, rtol=1e-4, atol=1e-4)
+    gh = randn(tuple(ty.shape), 33)
+    (y * ag.tensor(gh, device=device)).sum().backward()
+    (ty * torch.tensor(gh)).sum().backward()
+    close(x.grad, tx.grad, rtol=1e-4, atol=1e-4)
+    close(w.grad, tw.grad, rtol=1e-4, atol=1e-4)
+    if bias:
+        close(b.grad, tb.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_winograd_choice(monkeypatch):
+    # where it runs: float32 on GPUs from 128 channels on; never on the processor or for
+    # 16-bit floats; the module switch overrides
+    monkeypatch.setattr(F, "WINOGRAD", None)
+    big, w = ag.randn(1, 128, 6, 6), ag.randn(128, 128, 3, 3)
+    assert not F._winograd_wins(big, w)  # cpu
+    monkeypatch.setattr(F, "WINOGRAD", True)
+    assert F._winograd_wins(big, w)
+    monkeypatch.setattr(F, "WINOGRAD", False)
+    assert not F._winograd_wins(big, w)
+
+
 def test_pooling_functional(device, close, randn):
     x, tx = both(randn((2, 2, 9, 7), 19), device)
     for kw in [dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
