@@ -121,19 +121,19 @@ WINOGRAD: bool | None = None  # None: where it wins (_winograd_wins); True or Fa
 def _winograd_wins(x: Tensor, weight: Tensor) -> bool:
     """Whether a 3x3 stride-1 convolution runs as Winograd's F(2x2, 3x3) (``winograd_3x3``).
     Measured on an H100 against the direct implicit GEMM, ResNet-50's layers at batch 16: in
-    exact float32 it wins from 128 channels on (forward 0.72-1.0x the time at 256 and 512, the
-    gradients 0.55-0.85x at 128 to 512) and loses at 64 (forward 1.3x); with tf32 tensor cores
-    the direct forward is faster, but forward and gradients together are faster by Winograd
-    from 128 channels on, so it is taken when gradients will be computed. On the processor
-    BLAS's direct product is faster (backward 1.4x slower by Winograd). float16 and bfloat16
-    stay direct: their transformed tiles would round to 16 bits."""
+    exact float32 it wins from 128 channels on (forward 0.7-1.0x the time at 256 and 512, the
+    gradients 0.55-0.85x at 128 to 512) and loses at 64 (forward 1.3x). With tf32 tensor cores
+    its forward wins from 256 channels on (0.4-0.5x), and from 128 when gradients follow
+    (forward 1.4x, gradients 0.5x). On the processor BLAS's direct product is faster (the
+    gradients 1.4x slower by Winograd). float16 and bfloat16 stay direct: their transformed
+    tiles would round to 16 bits."""
     if WINOGRAD is not None:
         return WINOGRAD
-    c, o = x.shape[1], weight.shape[0]
+    channels = min(x.shape[1], weight.shape[0])
     if x.device.startswith("cpu") or x.dtype != dt.float32 or weight.dtype != dt.float32 or \
-            min(c, o) < 128:
+            channels < 128:
         return False
-    if get_float32_matmul_precision() == "highest":
+    if get_float32_matmul_precision() == "highest" or channels >= 256:
         return True
     return is_grad_enabled() and (x.requires_grad or weight.requires_grad)
 
