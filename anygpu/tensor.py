@@ -12,7 +12,7 @@ or ``realize()`` is called. Then the graph is fused into kernels and run on the 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 import numpy as np
 
@@ -74,6 +74,25 @@ class Tensor:
 
     __slots__ = ("lazy", "requires_grad", "grad", "_ctx", "__weakref__")
     __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's operators
+
+    if TYPE_CHECKING:  # the in-place methods, installed from ops/inplace.py below the class
+        add_: Callable[..., "Tensor"]
+        sub_: Callable[..., "Tensor"]
+        mul_: Callable[..., "Tensor"]
+        div_: Callable[..., "Tensor"]
+        pow_: Callable[..., "Tensor"]
+        clamp_: Callable[..., "Tensor"]
+        clip_: Callable[..., "Tensor"]
+        copy_: Callable[..., "Tensor"]
+        fill_: Callable[..., "Tensor"]
+        zero_: Callable[..., "Tensor"]
+        masked_fill_: Callable[..., "Tensor"]
+        uniform_: Callable[..., "Tensor"]
+        normal_: Callable[..., "Tensor"]
+        __iadd__: Callable[..., "Tensor"]
+        __isub__: Callable[..., "Tensor"]
+        __imul__: Callable[..., "Tensor"]
+        __itruediv__: Callable[..., "Tensor"]
 
     def __init__(self, data: Any, device: str | None = None, dtype: Any = None,
                  requires_grad: bool = False):
@@ -1128,6 +1147,28 @@ class Tensor:
     def is_leaf(self) -> bool:
         return self._ctx is None
 
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """``x[index] = value`` in place, as PyTorch (see ops/inplace.py)."""
+        from anygpu.ops.inplace import setitem
+        setitem(self, index, value)
+
+    @property
+    def data(self) -> "Tensor":
+        """This tensor's values without its history (the same memory), as PyTorch's ``.data``."""
+        return Tensor(self.lazy)
+
+    @data.setter
+    def data(self, value: "Tensor") -> None:
+        if not isinstance(value, Tensor):
+            raise TypeError(f"data must be a Tensor, got {type(value).__name__}")
+        if value.shape == self.shape and value.dtype == self.dtype and \
+                value.device == self.device:
+            from anygpu.ops.inplace import write
+            with no_grad():  # same shape: written in place, so views of this memory see it
+                write(self.data, value)
+        else:
+            self.lazy = value.lazy
+
     def assign(self, value: "TensorLike") -> "Tensor":
         """Write ``value`` into this tensor's memory (in place; the shape and dtype stay)."""
         v = _as_tensor(value, self).cast(self.dtype)
@@ -1157,6 +1198,15 @@ class Tensor:
 
     def bool(self) -> "Tensor":
         return self.cast(dt.bool_)
+
+
+def _install_in_place() -> None:
+    from anygpu.ops.inplace import methods
+    for name, method in methods().items():
+        setattr(Tensor, name, method)
+
+
+_install_in_place()
 
 
 def parse_to(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, DType | None]:
