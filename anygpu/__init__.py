@@ -15,7 +15,8 @@ from anygpu.tensor import (Tensor, arange, cat, eye, full, full_like, linspace, 
                            ones_like, rand, randint, randn, realize, stack, tensor, where, zeros,
                            zeros_like)
 
-from anygpu import nn, optim  # noqa: E402  (they use the names above)
+from anygpu import nn, optim, utils  # noqa: E402  (they use the names above)
+from anygpu.serialization import load, save
 
 __version__ = "0.1.0"
 
@@ -31,5 +32,5 @@ __all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like
            "bfloat16", "int8", "uint8",
            "int32", "int64", "bool_", "float", "half", "long", "int", "bool", "get_device",
            "DeviceError", "OutOfMemoryError", "UnsupportedError", "BackendUnavailable",
-           "nn", "optim", "set_float32_matmul_precision", "get_float32_matmul_precision",
-           "__version__"]
+           "nn", "optim", "utils", "set_float32_matmul_precision", "get_float32_matmul_precision",
+           "save", "load", "__version__"]

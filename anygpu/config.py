@@ -45,6 +45,9 @@ class Config:
     """Initial seed of the random number generator."""
     webgpu_opengl: int = 0
     """1: webgpu may use an OpenGL adapter (wgpu's fallback without Vulkan; it lacks int64)."""
+    subgroups: int = 1
+    """0: reductions on GPUs combine their threads' values through local memory alone, even where
+    the device has subgroups (warp shuffles, OpenCL's and WebGPU's subgroup operations)."""
 
     @property
     def cache_path(self) -> Path:

@@ -223,6 +223,12 @@ class Tensor:
             out.grad = self.grad.__deepcopy__(memo)
         return out
 
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        """Pickling by value (``anygpu.save``, ``pickle``): dtype, shape, host bytes, device
+        and ``requires_grad``; see ``anygpu/serialization.py``."""
+        from anygpu import serialization  # it imports this module
+        return serialization.reduce_tensor(self, int(protocol))
+
     # ---- the one place graph nodes are made ------------------------------------------------------
     @staticmethod
     def _make(lazy: Lazy, parents: tuple["Tensor", ...], op: Any, arg: Any = None) -> "Tensor":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU check, on a machine with an NVIDIA GPU: the test suite on cuda, opencl (the NVIDIA
 # OpenCL driver) and webgpu (NVIDIA Vulkan), then the benchmarks. Results go to $OUT (default
-# ./gpu-results): devices.txt, tests-<backend>.txt, bench.txt, bench.json, bench-jit.txt.
+# ./gpu-results): devices.txt, tests-<backend>.txt, bench.txt, bench.json, bench-jit.txt,
+# bench-gemm.txt, bench-conv.txt, bench-norm.txt.
 #
 # Optional inputs in the repository root: .whl/ (wheels for packages the machine lacks, e.g.
 # pyopencl and wgpu, installed into /tmp/site) and .gl/ (Debian packages of the Vulkan loader).
@@ -42,6 +43,10 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     | tee "$out/bench.txt" || status=1
   python3 benchmarks/bench_jit.py --device cuda opencl webgpu 2>&1 | tee "$out/bench-jit.txt" \
     || status=1
+  python3 benchmarks/bench_gemm.py --device cuda opencl webgpu --reps 5 2>&1 \
+    | tee "$out/bench-gemm.txt" || status=1
+  python3 benchmarks/bench_conv.py --device cuda 2>&1 | tee "$out/bench-conv.txt" || status=1
+  python3 benchmarks/bench_norm.py --device cuda 2>&1 | tee "$out/bench-norm.txt" || status=1
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
   for backend in ${BACKENDS:-cuda opencl webgpu}; do

@@ -4,11 +4,12 @@ Expressions are hash-consed (building the same expression twice gives the same o
 renderer sees shared subexpressions as shared objects and declares each once.
 
 Expression ops:
-  const (arg value), var (arg name), special (arg "lid" | "gid" | "ngroups"),
-  load (arg buffer name; srcs (index,) or (index, guard): a guarded load reads 0 when the guard is
-  false), cast (to the expression's dtype), where (cond, a, b), and the arithmetic of
-  ``ALU_OPS``. Values of dtype float16/bfloat16 are computed in float32 by the renderers and rounded
-  where they are cast or stored.
+  const (arg value), var (arg name), special (arg "lid" | "gid" | "ngroups", or one of
+  ``SUBGROUP_SPECIALS``), load (arg buffer name; srcs (index,) or (index, guard): a guarded load
+  reads 0 when the guard is false), cast (to the expression's dtype), where (cond, a, b),
+  subgroup_reduce (see :func:`subgroup_reduce`), and the arithmetic of ``ALU_OPS``. Values of
+  dtype float16/bfloat16 are computed in float32 by the renderers and rounded where they are cast
+  or stored.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from anygpu.dtype import DType, bool_, int32, wrap_int
 ALU_OPS = {"neg", "exp2", "log2", "sin", "sqrt", "recip", "trunc", "not", "add", "sub", "mul",
            "div", "idiv", "mod", "max", "min", "lt", "eq", "ne", "and", "or", "xor", "shl",
            "shr", "where", "cast"}
+# a thread's place among the subgroups of a device whose subgroup size is its own choice
+# (OpenCL, WebGPU): its lane, its subgroup's index, the number of subgroups in the work-group and
+# the lanes of its subgroup
+SUBGROUP_SPECIALS = ("sg_lane", "sg_id", "sg_count", "sg_size")
 
 
 class Expr:
@@ -131,6 +136,16 @@ def load(buf: str, dtype: DType, index: Expr, guard: Expr | None = None) -> Expr
     return Expr("load", dtype, (index,) if guard is None else (index, guard), buf)
 
 
+def subgroup_reduce(op: str, value: Expr, width: int | None = None) -> Expr:
+    """``op`` ("add", "max" or "mul", as ``alu``) of ``value`` over lanes of a subgroup, every
+    lane receiving the result: over each aligned group of ``width`` neighbouring lanes (a power
+    of two, at most the warp's size: the lanes of a CUDA or HIP warp exchanged by shuffles), or
+    over the whole subgroup where ``width`` is None (whatever its size: OpenCL's and WebGPU's
+    subgroup operations). Every lane of the subgroup must reach it (no divergent branch around
+    it); the lowering uses it only for the dtypes a dialect lists in its ``subgroup_ops``."""
+    return Expr("subgroup_reduce", value.dtype, (value,), (op, width))
+
+
 def substitute(e: Expr, mapping: dict[str, Expr], memo: dict[int, Expr] | None = None) -> Expr:
     """``e`` with the variables named in ``mapping`` replaced (constants fold again)."""
     memo = {} if memo is None else memo
@@ -149,6 +164,8 @@ def substitute(e: Expr, mapping: dict[str, Expr], memo: dict[int, Expr] | None =
             out = cast(srcs[0], e.dtype)
         elif e.op == "load":
             out = load(e.arg, e.dtype, srcs[0], srcs[1] if len(srcs) > 1 else None)
+        elif e.op == "subgroup_reduce":
+            out = subgroup_reduce(e.arg[0], srcs[0], e.arg[1])
         else:
             out = alu(e.op, *srcs)
     memo[id(e)] = out

@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from anygpu.codegen import ir, sym
+from anygpu.codegen.render.cstyle import subgroup_reduces
 from anygpu.codegen.templates import gemm, mma
 from anygpu.dtype import DType, float32, int32, int64, min_value
 from anygpu.graph.lazy import Lazy
@@ -116,8 +117,12 @@ Cond = tuple[sym.Lin, int, int]  # lo <= lin < hi
 
 
 class _Builder:
-    def __init__(self, spec: KernelSpec, groups: list[list[int]], index_dtype: DType):
+    def __init__(self, spec: KernelSpec, groups: list[list[int]], index_dtype: DType,
+                 leaves: dict[int, int] | None = None):
         self.spec, self.index_dtype = spec, index_dtype
+        # unrealized nodes read as buffers (rows bound as a buffer of their own): id -> the
+        # elements before them in that buffer
+        self.leaves = leaves or {}
         S, R = spec.shape, set(spec.reduce_axes)
         self.dims: list[tuple[str, int, bool]] = []
         self.axis_lins: list[sym.Lin] = [sym.const(0)] * len(S)
@@ -175,7 +180,7 @@ class _Builder:
     # ---- values ----------------------------------------------------------------------------------
     def load(self, node: Lazy, idx: list[sym.Lin], conds: tuple[Cond, ...]) -> ir.Expr:
         name = self.load_base(node)
-        flat = sym.flat_index(idx, node.shape)
+        flat = sym.flat_index(idx, node.shape) + self.leaves.get(id(node), 0)
         guard = self.cond_expr(conds)
         return ir.load(name, node.dtype, self.lin_expr(flat), guard)
 
@@ -188,7 +193,8 @@ class _Builder:
 
     def _value(self, node: Lazy, idx: list[sym.Lin], conds: tuple[Cond, ...]) -> ir.Expr:
         op = node.op
-        if node.realized or op is Op.COPY or (op is Op.CONTIGUOUS and node is not self.spec.root):
+        if node.realized or op is Op.COPY or (op is Op.CONTIGUOUS and node is not self.spec.root) \
+                or id(node) in self.leaves:
             return self.load(node, idx, conds)
         if op is Op.CONTIGUOUS:
             return self.value(node.srcs[0], idx, conds)
@@ -303,11 +309,13 @@ def _initial_groups(spec: KernelSpec) -> list[list[int]]:
     return [[a] for a, n in enumerate(spec.shape) if n != 1] or [[0]] if spec.shape else []
 
 
-def build_kernel(spec: KernelSpec) -> KernelAST:
-    """Lower a kernel spec, merging adjacent axes wherever every index keeps them together."""
+def build_kernel(spec: KernelSpec, leaves: dict[int, int] | None = None) -> KernelAST:
+    """Lower a kernel spec, merging adjacent axes wherever every index keeps them together.
+    ``leaves``: unrealized nodes to read as input buffers (views the runtime binds as buffers of
+    their own), by id, each with the elements to skip at that buffer's start."""
     dt = _index_dtype(spec)
     groups = _initial_groups(spec)
-    best = _Builder(spec, groups, dt).build()
+    best = _Builder(spec, groups, dt, leaves).build()
     R = set(spec.reduce_axes)
     # try to merge each group with the next one (same kind), innermost first. Each trial is
     # lowered again from the root: the indices then simplify along the same path as the final
@@ -317,7 +325,7 @@ def build_kernel(spec: KernelSpec) -> KernelAST:
         a, b = groups[k], groups[k + 1]
         if (a[0] in R) == (b[0] in R):
             trial = groups[:k] + [a + b] + groups[k + 2:]
-            ast = _Builder(spec, trial, dt).build()
+            ast = _Builder(spec, trial, dt, leaves).build()
             name, size, _ = ast.dims[k]
             merged = sym.Var(name, size)
             if not any(sym.has_divmod_of(lin, merged) for lin in ast.lins):
@@ -326,7 +334,7 @@ def build_kernel(spec: KernelSpec) -> KernelAST:
     if dt == int64 and gemm.match(best) is not None and _fits_int32(best):
         # a contraction's iteration space (M * K * N) may pass 2^31 while every index it computes
         # stays below: 32-bit index arithmetic is faster, and some drivers' 64-bit is fragile
-        return _Builder(spec, groups, int32).build()
+        return _Builder(spec, groups, int32, leaves).build()
     return best
 
 
@@ -404,9 +412,11 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
           features: dict | None = None, options: TemplateOptions | None = None) -> ir.Kernel:
     """Choose loops for the kernel on a device: plain loops on cpu, work-groups on GPUs.
     ``features`` describes the device beyond its dialect: "cc" (CUDA compute capability),
-    "tf32" (whether float32 products may use tf32 tensor cores) and "max_shared" (the local
-    memory a work-group may take, in bytes). ``options`` (one of ``template_options``) forces
-    a template configuration where the tuner found a better one."""
+    "tf32" (whether float32 products may use tf32 tensor cores), "max_shared" (the local
+    memory a work-group may take, in bytes) and "subgroup" (absent: none; an int: the lanes of
+    a warp, exchanged by shuffles; "varying": subgroup operations of a size the device picks).
+    ``options`` (one of ``template_options``) forces a template configuration where the tuner
+    found a better one."""
     params = [ir.Param("b0", ast.output.dtype, True)] + \
         [ir.Param(f"b{i + 1}", n.dtype, False) for i, n in enumerate(ast.inputs)]
     outer_total = math.prod(d[1] for d in ast.outer)
@@ -457,7 +467,8 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
     # per 9-element row ran max pooling at 26 GB/s
     short_rows = red_total <= 32 and outer_total >= 8192
     if (ast.dims[-1][2] and not short_rows or outer_total < 2048) and outer_total > 0:
-        return _group_per_output(ast, name, params, store, outer_total, red_total, max_local)
+        return _group_per_output(ast, name, params, store, outer_total, red_total, max_local,
+                                 dialect, features.get("subgroup"))
     return _thread_per_output(ast, name, params, store, outer_total, red_total, max_local)
 
 
@@ -630,11 +641,13 @@ MAX_ROW_PER_THREAD = 32
 
 
 def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: ir.Store,
-                      outer_total: int, red_total: int, max_local: int) -> ir.Kernel:
+                      outer_total: int, red_total: int, max_local: int, dialect: str,
+                      subgroup: int | str | None) -> ir.Kernel:
     """One work-group per output row; its threads stride over the row, then combine in local
-    memory. When each thread's share of the row is small and fixed, the row is unrolled: every
-    element is loaded once and kept in registers for all the stages (softmax reads its input
-    once instead of three times)."""
+    memory, or through subgroups where the device has them (``_combine_subgroups``). When each
+    thread's share of the row is small and fixed, the row is unrolled: every element is loaded
+    once and kept in registers for all the stages (softmax reads its input once instead of
+    three times)."""
     dt = ast.index_dtype
     local = min(256, _pow2_at_most(max_local), 1 << max(red_total - 1, 1).bit_length())
     lid, step = ir.special("lid"), ir.const(local, dt)
@@ -650,14 +663,20 @@ def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: 
         acc, lmem = f"acc{k}", f"lmem{k}"
         accv = ir.var(acc, stage.dtype)
         op = REDUCE_ALU[stage.op]
-        body += [ir.LocalArray(lmem, stage.dtype, local),
-                 ir.Decl(acc, stage.dtype, reduce_identity(stage.op, stage.dtype))]
+        combine = _combine_subgroups(stage, k, local, subgroup) \
+            if subgroup and subgroup_reduces(dialect, op, stage.dtype) else None
+        if combine is None:
+            body.append(ir.LocalArray(lmem, stage.dtype, local))
+        body.append(ir.Decl(acc, stage.dtype, reduce_identity(stage.op, stage.dtype)))
         if unrolled:
             for mapping in subs:
                 value = ir.substitute(stage.value, mapping)
                 body.append(ir.Assign(acc, ir.alu(op, accv, value)))
         else:
             body.append(_reduce_loop(ast, lid, step, red_total, [_accumulate(stage, acc)]))
+        if combine is not None:
+            body += combine
+            continue
         body += [ir.Store(lmem, lid, accv), ir.Barrier()]
         s = local // 2
         while s > 0:
@@ -679,6 +698,46 @@ def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: 
     arrays = [s for s in body if isinstance(s, ir.LocalArray)]
     rest = [s for s in body if not isinstance(s, ir.LocalArray)]
     return ir.Kernel(name, params, arrays + rest, outer_total, local, {"bytes": kernel_bytes(ast)})
+
+
+def _combine_subgroups(stage: Stage, k: int, local: int,
+                       subgroup: int | str) -> list[ir.Stmt] | None:
+    """Statements that leave in every thread's ``acc{k}`` the combination of all the work-group's
+    ``acc{k}``, through subgroups: each subgroup combines its lanes, its first lane writes the
+    result to local memory, and after one barrier every subgroup combines those partial results
+    (each computes the same total, so no second barrier hands it round). ``subgroup``: the
+    lanes of a warp (an int: CUDA, HIP), or "varying": a size the device picks, which may be
+    any (OpenCL, WebGPU). None where a warp is too narrow to combine the warps' results."""
+    acc, lmem = f"acc{k}", f"lmem{k}"
+    accv = ir.var(acc, stage.dtype)
+    op = REDUCE_ALU[stage.op]
+    lid = ir.special("lid")
+    if isinstance(subgroup, int):
+        if local <= subgroup:  # one warp (partly filled when local is smaller)
+            return [ir.Assign(acc, ir.subgroup_reduce(op, accv, local))]
+        warps = local // subgroup
+        if warps > subgroup:
+            return None
+        lane = ir.alu("and", lid, subgroup - 1)
+        warp = ir.alu("shr", lid, subgroup.bit_length() - 1)
+        # lane i of every warp reads warp i % warps's result: width-``warps`` groups hold them all
+        partial = ir.load(lmem, stage.dtype, ir.alu("and", lid, warps - 1))
+        return [ir.LocalArray(lmem, stage.dtype, warps),
+                ir.Assign(acc, ir.subgroup_reduce(op, accv, subgroup)),
+                ir.If(ir.alu("eq", lane, 0), [ir.Store(lmem, warp, accv)]),
+                ir.Barrier(),
+                ir.Assign(acc, ir.subgroup_reduce(op, partial, warps))]
+    lane, group, count, size = (ir.special(n) for n in ir.SUBGROUP_SPECIALS)
+    part = f"part{k}"
+    partv = ir.var(part, stage.dtype)
+    gather = ir.Assign(part, ir.alu(op, partv, ir.load(lmem, stage.dtype, ir.var("sgi", int32))))
+    return [ir.LocalArray(lmem, stage.dtype, local),  # subgroups may be of any size
+            ir.Assign(acc, ir.subgroup_reduce(op, accv)),
+            ir.If(ir.alu("eq", lane, 0), [ir.Store(lmem, group, accv)]),
+            ir.Barrier(),
+            ir.Decl(part, stage.dtype, reduce_identity(stage.op, stage.dtype)),
+            ir.For("sgi", lane, count, size, [gather]),
+            ir.Assign(acc, ir.subgroup_reduce(op, partv))]
 
 
 def _thread_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: ir.Store,

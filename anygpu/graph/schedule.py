@@ -9,11 +9,12 @@ the output from the device's caching allocator and launches without waiting.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Sequence, cast
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -62,7 +63,7 @@ def schedule(outputs: Sequence[Lazy]) -> list[Item]:
 
 
 def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
-    if node.realized or id(node) in planned:
+    if node.realized or id(node) in planned or row_slice(node) is not None:
         return
     planned.add(id(node))
     if node.op is Op.COPY:
@@ -71,10 +72,10 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
         return
     _split_reduction(node)
     _unfold_windows(node)
-    signature, walk = _signature(node)
+    signature, walk, leaves = _signature(node)
     cached = _ast_cache.get(signature)
     if cached is None:
-        ast = lower.build_kernel(lower.choose_spec(node))
+        ast = lower.build_kernel(lower.choose_spec(node), leaves)
         position = {id(n): i for i, n in enumerate(walk)}
         # the template keeps no graph nodes alive: they are filled in from each new walk
         template = _template(ast)
@@ -199,11 +200,52 @@ def _template(ast: lower.KernelAST) -> lower.KernelAST:
     return dataclasses.replace(ast, output=None, inputs=[], lins=[])  # type: ignore[arg-type]
 
 
-def _signature(root: Lazy) -> tuple[tuple, list[Lazy]]:
+def row_slice(node: Lazy) -> tuple[Lazy, int, int, int] | None:
+    """(buffer node, byte offset, bytes, skip) where ``node`` is a run of rows of realized
+    memory that kernels read as a buffer of its own: a shrink of the first axis alone, of a
+    buffer that owns its memory. The sub-buffer starts at the nearest offset below the rows
+    where the device can start one, and kernels skip the ``skip`` elements before the rows, so
+    a kernel depends on where its slice starts only through that remainder: a batch cut from a
+    data set each step compiles at most a few kernels, none once every remainder was seen.
+    Not while jit records (its replay substitutes whole buffers)."""
+    if node.op is not Op.SHRINK or node.realized or recording is not None:
+        return None
+    base = node.srcs[0]
+    if base.op is not Op.BUFFER or base.buffer is None:
+        return None
+    (lo, hi), *rest = node.arg
+    if hi <= lo or any(tuple(b) != (0, n) for b, n in zip(rest, base.shape[1:])):
+        return None
+    device = get_device(base.device)
+    align = device.sub_buffer_align
+    if not align:
+        return None
+    itemsize = device.storage_dtype(base.dtype).itemsize
+    row = math.prod(base.shape[1:]) * itemsize
+    start = lo * row - (lo * row) % align
+    skip = (lo * row - start) // itemsize
+    return base, start, (hi - lo) * row + skip * itemsize, skip
+
+
+def input_buffer(node: Lazy) -> Buffer:
+    """The buffer a kernel reads for its input ``node`` (realized, or a row slice)."""
+    if node.buffer is not None:
+        return node.buffer
+    rows = row_slice(node)
+    assert rows is not None, f"input {node} is neither realized nor a row slice"
+    base, offset, nbytes, _ = rows
+    assert base.buffer is not None
+    return get_device(base.device).sub_buffer(base.buffer, offset, nbytes)
+
+
+def _signature(root: Lazy) -> tuple[tuple, list[Lazy], dict[int, int]]:
+    """The kernel's structure as a hashable key, the nodes walked (the key's positions refer
+    to them) and the row slices read as buffers (their ids, each with the elements to skip)."""
     walk: list[Lazy] = []
     index: dict[int, int] = {}
     buffer_first: dict[int, int] = {}
     parts: list[tuple] = []
+    leaves: dict[int, int] = {}
 
     def visit(node: Lazy) -> int:
         hit = index.get(id(node))
@@ -211,8 +253,12 @@ def _signature(root: Lazy) -> tuple[tuple, list[Lazy]]:
             return hit
         stop = node.realized or node.op is Op.COPY or (node.op is Op.CONTIGUOUS
                                                        and node is not root)
-        if stop:
-            part: tuple = ("leaf", node.shape, node.dtype, node.op is Op.COPY,
+        rows = row_slice(node) if not stop and node is not root else None
+        if rows is not None:
+            leaves[id(node)] = rows[3]
+            part: tuple = ("rows", node.shape, node.dtype, rows[3])
+        elif stop:
+            part = ("leaf", node.shape, node.dtype, node.op is Op.COPY,
                            buffer_first.setdefault(id(node.buffer), len(walk))
                            if node.buffer is not None else -1)
         else:
@@ -227,7 +273,7 @@ def _signature(root: Lazy) -> tuple[tuple, list[Lazy]]:
 
     visit(root)
     visit = None  # type: ignore[assignment]  # break the closure's cycle: walk's nodes die now
-    return tuple(parts), walk
+    return tuple(parts), walk, leaves
 
 
 def count_kernels(outputs: Sequence[Lazy]) -> int:
@@ -278,7 +324,14 @@ def buffer_to_host(buffer: Buffer, device: Device, numel: int, dtype: DType) -> 
 recording: list[Callable[[], object]] | None = None
 
 
+# Set in a DataLoader worker started by fork (utils/data): why it must compute nothing (the
+# parent's OpenMP threads and GPU drivers do not survive fork; a kernel there would hang).
+refuse_reason: str | None = None
+
+
 def run(items: list[Item]) -> None:
+    if refuse_reason and any(not item.output.realized for item in items):
+        raise RuntimeError(refuse_reason)
     for item in items:
         if item.output.realized:
             continue
@@ -354,24 +407,33 @@ def _record(step: Launch | DeviceCopy | TransferCopy) -> None:
 _compiled: dict[tuple, tuple[Program, ir.Kernel]] = {}
 
 
+def device_features(device: Device) -> dict:
+    """What ``lower.to_ir`` may use of ``device`` beyond its dialect (see its docstring)."""
+    extra = device.info.extra
+    features = {"cc": extra.get("cc", (0, 0)),
+                "tf32": get_float32_matmul_precision() != "highest",
+                "max_shared": extra.get("max_shared", 48 * 1024)}
+    if extra.get("subgroup") and config.get().subgroups:
+        features["subgroup"] = extra["subgroup"]
+    return features
+
+
 def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
     """Compile (cached) the item's kernel for its device; allocate its output unless given."""
     ast = item.ast
     node = ast.output
     device = get_device(node.device)
-    tf32 = get_float32_matmul_precision() != "highest"
-    key = (item.signature, device.name, tf32)
+    features = device_features(device)
+    key = (item.signature, device.name, tuple(sorted(features.items())))
     hit = _compiled.get(key) if item.signature else None
     if hit is None:
         for p in [node, *ast.inputs]:
             device.check_dtype(p.dtype)
-        features = {"cc": device.info.extra.get("cc", (0, 0)), "tf32": tf32,
-                    "max_shared": device.info.extra.get("max_shared", 48 * 1024)}
         kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size, features)
         source = render(kernel, device.dialect)
         if "options" in kernel.meta:  # a template kernel: a tuned configuration may replace it
             kernel, source = tune.choose(device, ast, kernel, source, features,
-                                         [cast(Buffer, inp.buffer) for inp in ast.inputs])
+                                         [input_buffer(inp) for inp in ast.inputs])
         if config.get().debug >= 2:
             print(source, file=sys.stderr)
         program = device.program(source, kernel.name)
@@ -384,7 +446,7 @@ def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
     if out is None:
         out = alloc_for(device, node.numel, node.dtype)
     # inputs are scheduled, so realized, before the kernels that read them
-    buffers = [out] + [cast(Buffer, inp.buffer) for inp in ast.inputs]
+    buffers = [out] + [input_buffer(inp) for inp in ast.inputs]
     groups: tuple[int, ...] = (kernel.groups,)
     if device.dialect == "wgsl":
         groups = launch_groups(kernel.groups)
@@ -490,7 +552,11 @@ def realize_into(value: Lazy, target: Lazy) -> None:
         ast = last.ast
         names = {id(n.buffer): i for i, n in enumerate(ast.inputs)}
         k = names.get(id(target.buffer))
-        if k is None or (not ast.stages and _reads_only_at(ast, f"b{k + 1}", ast.out_index)):
+        # rows of the target read as a buffer of their own alias it: write through a temporary
+        aliased = any(n.buffer is None and (rows := row_slice(n)) is not None and
+                      rows[0].buffer is target.buffer for n in ast.inputs)
+        if not aliased and (k is None or (not ast.stages and
+                                          _reads_only_at(ast, f"b{k + 1}", ast.out_index))):
             if k is not None:
                 key = (last.signature, "in place", k)
                 template = _in_place.get(key)

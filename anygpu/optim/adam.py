@@ -4,7 +4,7 @@ computed in the kernel from the device step count."""
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from anygpu.optim.optimizer import Bucket, Optimizer, ParamGroup
 from anygpu.tensor import Tensor
@@ -25,6 +25,18 @@ class Adam(Optimizer):
             raise NotImplementedError("amsgrad is not implemented")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay, maximize=maximize))
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """As ``Optimizer.load_state_dict``; refuses a torch.optim state this class would not
+        follow (amsgrad, or Adam's coupled weight decay loaded into AdamW and the reverse)."""
+        for saved in state_dict["param_groups"]:
+            if saved.get("amsgrad"):
+                raise NotImplementedError("amsgrad is not implemented")
+            if bool(saved.get("decoupled_weight_decay", self.decoupled)) != self.decoupled:
+                other = "AdamW" if saved["decoupled_weight_decay"] else "Adam"
+                raise ValueError(f"the loaded state is {other}'s (decoupled_weight_decay="
+                                 f"{saved['decoupled_weight_decay']}); load it into {other}")
+        super().load_state_dict(state_dict)
 
     def _update(self, group: ParamGroup, bucket: Bucket, lr: Tensor, count: Tensor) -> None:
         p = bucket.flat

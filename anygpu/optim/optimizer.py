@@ -14,7 +14,8 @@ live in device memory, so the kernels never change and a ``jit``-captured step r
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import warnings
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -137,18 +138,146 @@ class Optimizer:
     def _update(self, group: ParamGroup, bucket: Bucket, lr: Tensor, count: Tensor) -> None:
         raise NotImplementedError
 
+    def _indexed_params(self) -> list[Tensor]:
+        """Every parameter, in the order state_dict numbers them (group after group)."""
+        return [p for g in self.param_groups for p in g["params"]]
+
     def state_dict(self) -> dict[str, Any]:
-        """Hyperparameters and per-parameter state, keyed by parameter position as PyTorch."""
-        state: dict[int, dict[str, np.ndarray]] = {}
-        index = {id(p): k for k, p in enumerate(p for g in self.param_groups
-                                                 for p in g["params"])}
-        for buckets in self._buckets.values():
+        """PyTorch's structure: ``{"state": {index: {"step", buffers}}, "param_groups":
+        [{hyperparameters, "params": [indices]}]}``, parameters numbered group after group. The
+        tensors show the optimizer's own memory, as PyTorch's are references to its state: save
+        them, or ``clone()`` them to keep the values of this step.
+
+        >>> import anygpu as ag
+        >>> w = ag.tensor([1.0, 2.0], requires_grad=True)
+        >>> opt = ag.optim.Adam([w], lr=0.1)
+        >>> (w * w).sum().backward()
+        >>> opt.step()
+        >>> sd = opt.state_dict()
+        >>> sorted(sd["state"][0]), sd["state"][0]["step"].item(), sd["param_groups"][0]["params"]
+        (['exp_avg', 'exp_avg_sq', 'step'], 1.0, [0])
+        """
+        index = {id(p): k for k, p in enumerate(self._indexed_params())}
+        state: dict[int, dict[str, Tensor]] = {}
+        # later buckets hold a parameter's current state where the parameters with gradients
+        # changed between steps (dicts keep insertion order)
+        for (group_index, _), buckets in self._buckets.items():
+            count = self.param_groups[group_index].get("_step")
             for b in buckets:
                 start = 0
-                for p, n in zip(b.params, b.sizes):
-                    state[index[id(p)]] = {name: t.numpy()[start:start + n].reshape(p.shape)
-                                           for name, t in b.state.items()}
+                for p, n, shape in zip(b.params, b.sizes, b.shapes):
+                    entry = state.setdefault(index[id(p)], {})
+                    if count is not None and count.device == b.flat.device:
+                        entry["step"] = count.reshape(())  # a 0-d float32 tensor, as PyTorch's
+                    for name, t in b.state.items():
+                        entry[name] = t.shrink([(start, start + n)]).reshape(shape)
                     start += n
-        groups = [{k: v for k, v in g.items() if k != "params" and not k.startswith("_")}
-                  for g in self.param_groups]
+        groups = []
+        for g in self.param_groups:
+            packed = {k: v for k, v in g.items() if k != "params" and not k.startswith("_")}
+            packed["params"] = [index[id(p)] for p in g["params"]]
+            groups.append(packed)
         return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Take the hyperparameters and state of ``state_dict()``, this optimizer's or
+        ``torch.optim``'s (buffers as torch tensors, NumPy arrays or Tensors; steps as tensors or
+        numbers), for the same parameters in the same order. The loaded state replaces this
+        optimizer's, written into the same device memory.
+
+        anygpu keeps one step count per parameter group and device, where PyTorch keeps one per
+        parameter: the largest step of the group's parameters is taken (they differ only where
+        some parameters got no gradient in some steps; a warning says so).
+
+        >>> import anygpu as ag
+        >>> w = ag.tensor([1.0, 2.0], requires_grad=True)
+        >>> opt = ag.optim.SGD([w], lr=0.1, momentum=0.9)
+        >>> (w * w).sum().backward()
+        >>> opt.step()
+        >>> twin = ag.optim.SGD([ag.tensor([1.0, 2.0], requires_grad=True)], lr=0.5, momentum=0.9)
+        >>> twin.load_state_dict(opt.state_dict())
+        >>> twin.param_groups[0]["lr"], twin.state_dict()["state"][0]["momentum_buffer"].tolist()
+        (0.1, [2.0, 4.0])
+        """
+        saved_groups = list(state_dict["param_groups"])
+        saved_state = {int(k): v for k, v in state_dict["state"].items()}
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        by_index: dict[int, Tensor] = {}
+        for group, saved in zip(self.param_groups, saved_groups):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError("loaded state dict contains a parameter group that doesn't "
+                                 "match the size of optimizer's group")
+            by_index.update(zip((int(i) for i in saved["params"]), group["params"]))
+        for i, entry in saved_state.items():
+            if i not in by_index:
+                raise ValueError(f"loaded state dict has state for parameter {i}, which no "
+                                 "parameter group lists")
+            for name, value in entry.items():
+                shape = tuple(getattr(value, "shape", np.shape(value)))
+                if name != "step" and value is not None and shape != by_index[i].shape:
+                    raise ValueError(f"loaded state {name!r} of parameter {i} has shape "
+                                     f"{shape}, the parameter {by_index[i].shape}")
+        # everything checked: nothing changes where something raised
+        for group, saved in zip(self.param_groups, saved_groups):
+            for key, value in saved.items():
+                if key != "params":
+                    group[key] = float(value) if key == "lr" else value
+        loaded: set[int] = set()
+        with no_grad():
+            for gi, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
+                with_state = [(p, saved_state[int(i)]) for i, p in zip(saved["params"],
+                                                                       group["params"])
+                              if int(i) in saved_state]
+                for device in dict.fromkeys(p.device for p, _ in with_state):
+                    here = [(p, e) for p, e in with_state if p.device == device]
+                    _, count = self._device_scalars(group, device)
+                    count.assign(_loaded_step([e for _, e in here]))
+                    entries = {id(p): e for p, e in here}
+                    for b in self._group_buckets(gi, [p for p, _ in here]):
+                        _load_bucket(b, [entries[id(p)] for p in b.params])
+                        loaded.add(id(b))
+                if not with_state and "_step" in group:
+                    group["_step"].assign(0)
+            # PyTorch's load replaces the whole state: what the file lacks starts afresh
+            for buckets in self._buckets.values():
+                for b in buckets:
+                    if id(b) not in loaded:
+                        for t in b.state.values():
+                            t.assign(0)
+
+
+def _loaded_step(entries: list[Mapping[str, Any]]) -> float:
+    """The step count of a group's parameters. A state without one but with buffers (torch's
+    SGD keeps no step) has stepped at least once: its momentum buffer is in use."""
+    steps = {float(e["step"]) for e in entries if e.get("step") is not None}
+    if len(steps) > 1:
+        warnings.warn(f"the loaded parameters of a group have different step counts "
+                      f"{sorted(steps)}; anygpu keeps one per group and takes {max(steps)}",
+                      stacklevel=3)
+    if steps:
+        return max(steps)
+    has_buffers = any(v is not None for e in entries for k, v in e.items() if k != "step")
+    return 1.0 if has_buffers else 0.0
+
+
+def _load_bucket(bucket: Bucket, entries: list[Mapping[str, Any]]) -> None:
+    """Write the loaded buffers of a bucket's parameters into its flat state tensors; a buffer
+    that a parameter lacks starts at zero."""
+    names = dict.fromkeys(k for e in entries for k, v in e.items()
+                          if k != "step" and v is not None)
+    flat = bucket.flat
+    for name in names:
+        parts = []
+        for entry, n in zip(entries, bucket.sizes):
+            value = entry.get(name)
+            if value is None:
+                parts.append(zeros(n, dtype=flat.dtype, device=flat.device))
+            elif isinstance(value, Tensor):
+                parts.append(value.detach().to(flat.device).cast(flat.dtype).reshape(-1))
+            else:  # a torch tensor or a NumPy array
+                parts.append(tensor(value, dtype=flat.dtype, device=flat.device).reshape(-1))
+        bucket.buffer(name).assign(cat(parts))
+    for name, t in bucket.state.items():
+        if name not in names:
+            t.assign(0)

@@ -100,6 +100,21 @@ class Buffer:
         return host
 
 
+class SubBuffer(Buffer):
+    """Bytes ``offset`` to ``offset + nbytes`` of another buffer, bound to kernels as a buffer of
+    its own (a slice of a tensor's rows, so that kernels reading it do not depend on where the
+    slice starts). It keeps its base alive and frees nothing."""
+
+    __slots__ = ("base", "offset")
+
+    def __init__(self, base: Buffer, offset: int, nbytes: int, handle: Any):
+        self.device, self.nbytes, self.handle = base.device, nbytes, handle
+        self.base, self.offset = base, offset
+
+    def __del__(self) -> None:
+        pass
+
+
 class CachingAllocator:
     """Keeps freed buffers by size and hands them out again, so steady-state loops allocate nothing.
 
@@ -213,6 +228,14 @@ class Device:
     def _copy_out(self, host: np.ndarray, handle: Any) -> None:
         raise NotImplementedError
 
+    # the byte offsets at which sub_buffer can start a buffer inside another (0: it cannot);
+    # the GPUs' 256 keeps every buffer as aligned as the kernels' vector accesses expect
+    sub_buffer_align: int = 0
+
+    def _sub_handle(self, handle: Any, offset: int, nbytes: int) -> Any:
+        """A handle for ``nbytes`` bytes at ``offset`` inside ``handle``'s memory."""
+        raise NotImplementedError
+
     def _copy(self, dst: Any, src: Any, nbytes: int) -> None:
         """Device-to-device copy on the queue (no host round trip)."""
         raise NotImplementedError
@@ -231,6 +254,17 @@ class Device:
     # ---- shared ---------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> Buffer:
         return Buffer(self, nbytes, self.allocator.alloc(nbytes))
+
+    def sub_buffer(self, base: Buffer, offset: int, nbytes: int) -> SubBuffer:
+        """Bytes ``offset`` to ``offset + nbytes`` of ``base`` as a buffer (same memory)."""
+        if not self.sub_buffer_align or offset % self.sub_buffer_align or \
+                offset + nbytes > base.nbytes:
+            raise ValueError(f"{self.name}: no sub-buffer of {nbytes} bytes at {offset} in a "
+                             f"buffer of {base.nbytes}")
+        if isinstance(base, SubBuffer):  # bases are never sub-buffers themselves
+            offset += base.offset
+            base = base.base
+        return SubBuffer(base, offset, nbytes, self._sub_handle(base.handle, offset, nbytes))
 
     def copy(self, dst: Buffer, src: Buffer) -> None:
         if dst.nbytes != src.nbytes:

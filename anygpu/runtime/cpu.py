@@ -154,6 +154,11 @@ class CPUDevice(Device):
     def _free(self, handle: Any) -> None:
         pass  # NumPy memory goes back when the last reference does
 
+    sub_buffer_align = 64  # as _alloc aligns
+
+    def _sub_handle(self, handle: Any, offset: int, nbytes: int) -> Any:
+        return handle[offset:offset + nbytes]
+
     def _copy_in(self, handle: Any, host: np.ndarray) -> None:
         handle[:] = host.reshape(-1).view(np.uint8)
 

@@ -223,6 +223,11 @@ class GPUDevice(Device):
             self._info = self._query_info()
         return self._info
 
+    sub_buffer_align = 256
+
+    def _sub_handle(self, handle: Any, offset: int, nbytes: int) -> Any:
+        return handle + offset
+
     def _alloc(self, nbytes: int) -> Any:
         self._activate()
         alloc = self.drv.cuMemAlloc
@@ -454,7 +459,8 @@ class CUDADevice(GPUDevice):
             local_memory=self._attribute(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK),
             extra={"cc": self.compute_capability, "max_shared": self._attribute(
                 attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
-                "clock_khz": self._attribute(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE)})
+                "clock_khz": self._attribute(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
+                "subgroup": self._attribute(attr.CU_DEVICE_ATTRIBUTE_WARP_SIZE)})
 
     def supports(self, dtype: DType) -> bool:
         if dtype == float16:

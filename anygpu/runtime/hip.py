@@ -84,7 +84,8 @@ class HIPDevice(GPUDevice):
             driver=f"HIP driver {version} HIPRTC {rtc_major}.{rtc_minor} {self._arch}",
             max_local_size=int(props.maxThreadsPerBlock),
             local_memory=int(props.sharedMemPerBlock),
-            extra={"arch": self._arch})
+            # the wavefront's lanes (32 or 64); 0 where not reported: no shuffles then
+            extra={"arch": self._arch, "subgroup": int(getattr(props, "warpSize", 0))})
 
     def _compile_options(self) -> list[bytes]:
         return [b"--offload-arch=" + self._arch.encode(), b"-std=c++17", b"-DNDEBUG"]

@@ -30,6 +30,9 @@ except (ImportError, OSError) as _err:  # OSError: the package is there but libO
 else:
     _IMPORT_ERROR = None
 
+# The first line of a kernel's source that uses subgroup operations (render/opencl.py).
+_SUBGROUPS = "#pragma OPENCL EXTENSION cl_khr_subgroups : enable"
+
 _NO_PLATFORM = ("opencl: no OpenCL platform found (install pocl-binary-distribution for a CPU "
                 "device, or a GPU driver)")
 
@@ -116,6 +119,7 @@ class OpenCLDevice(Device):
         self.build_options = self._build_options()
         self._info: DeviceInfo | None = None
         self._extensions = set(self.cl_device.extensions.split())
+        self._subgroup_std = self._subgroup_language()
         # Many drivers (PoCL among them) reserve memory only when a buffer is first used, so
         # creating buffers past the device's memory succeeds and fails later, outside the
         # allocator. Counting the bytes held here turns that into a MemoryError at alloc time,
@@ -139,6 +143,29 @@ class OpenCLDevice(Device):
             return ["-cl-std=CL1.2"]
         return []
 
+    def _subgroup_language(self) -> str | None:
+        """The -cl-std under which the device's compiler offers subgroup operations, or None
+        where it has none: OpenCL C 3.0 with the __opencl_c_subgroups feature, or OpenCL C 2.0
+        and later with cl_khr_subgroups (OpenCL C 1.2, the default here, declares neither)."""
+        try:
+            features = {f.name for f in self.cl_device.opencl_c_features}
+        except (cl.Error, AttributeError):  # a device older than OpenCL 3.0
+            features = set()
+        if "__opencl_c_subgroups" in features:
+            return "-cl-std=CL3.0"
+        match = re.search(r"OpenCL C (\d+)\.(\d+)", self.cl_device.opencl_c_version)
+        version = (int(match.group(1)), int(match.group(2))) if match else (1, 0)
+        if "cl_khr_subgroups" in self._extensions and version >= (2, 0):
+            return "-cl-std=CL2.0"
+        return None
+
+    def _options(self, source: str) -> list[str]:
+        """Build options for ``source``: kernels that use subgroups (the renderer's pragma on
+        their first line) are built in the OpenCL C version that declares them."""
+        if self._subgroup_std is not None and source.startswith(_SUBGROUPS):
+            return [self._subgroup_std]
+        return self.build_options
+
     @property
     def info(self) -> DeviceInfo:
         if self._info is None:
@@ -153,6 +180,8 @@ class OpenCLDevice(Device):
                 is_cpu=bool(d.type & cl.device_type.CPU),
                 extra={"fp16": "cl_khr_fp16" in self._extensions,
                        "fp64": "cl_khr_fp64" in self._extensions,
+                       # subgroup operations, of a size the compiler picks per kernel
+                       **({"subgroup": "varying"} if self._subgroup_std else {}),
                        "platform": platform, "max_alloc": d.max_mem_alloc_size})
         return self._info
 
@@ -163,6 +192,14 @@ class OpenCLDevice(Device):
         return True
 
     # ---- memory ---------------------------------------------------------------------------------
+    @property
+    def sub_buffer_align(self) -> int:  # type: ignore[override]
+        # sub-buffers must start at the device's base address alignment (given in bits)
+        return max(256, self.cl_device.mem_base_addr_align // 8)
+
+    def _sub_handle(self, handle: Any, offset: int, nbytes: int) -> Any:
+        return handle.get_sub_region(offset, nbytes)
+
     def _alloc(self, nbytes: int) -> Any:
         limit = self.cl_device.max_mem_alloc_size
         if nbytes > limit:
@@ -223,11 +260,11 @@ class OpenCLDevice(Device):
             with warnings.catch_warnings():
                 # a successful build's log (warnings, "compilation started") is not news
                 warnings.simplefilter("ignore", cl.CompilerWarning)
-                return program.build(options=self.build_options, devices=[self.cl_device],
+                return program.build(options=self._options(source), devices=[self.cl_device],
                                      cache_dir=False)
         except cl.Error as err:
             raise DeviceError(f"{self.name}: compiling kernel {name} failed "
-                              f"(options {' '.join(self.build_options) or 'none'}):\n{err}\n"
+                              f"(options {' '.join(self._options(source)) or 'none'}):\n{err}\n"
                               f"--- source ---\n{source}") from err
 
     def compile(self, source: str, name: str) -> bytes:
@@ -240,7 +277,7 @@ class OpenCLDevice(Device):
             program = cl.Program(self.context, [self.cl_device], [binary])
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", cl.CompilerWarning)
-                program.build(options=self.build_options, devices=[self.cl_device])
+                program.build(options=self._options(source), devices=[self.cl_device])
         except cl.Error:
             # A binary from another driver version (or an empty one): build from source instead.
             program = self._build(cl.Program(self.context, source), name, source)

@@ -76,13 +76,25 @@ def device_count(backend: str) -> int:
     return backend_module(backend).device_count()
 
 
+# Set in a DataLoader worker process (utils/data): why it may use the cpu device alone. A
+# worker must not touch a GPU: its driver state does not survive fork, and the batches go to
+# the device from the main process.
+cpu_only_reason: str | None = None
+
+
 def get_device(name: "str | Device | None" = None) -> Device:
     """The :class:`Device` for a device string (default: ``ANYGPU_DEVICE``, else ``"cpu"``)."""
     if isinstance(name, Device):
-        return name
+        if not cpu_only_reason:
+            return name
+        name = name.name
     if name is None:
-        name = config.get().device or "cpu"
+        name = "cpu" if cpu_only_reason else config.get().device or "cpu"
     backend, index = parse_device(name)
+    if cpu_only_reason and backend != "cpu":
+        raise RuntimeError(f"{cpu_only_reason} asked for device {name!r}: data-loading "
+                           "workers never use a GPU. Return NumPy arrays from the dataset and "
+                           "collate_fn and move the batch to the device in the main process")
     key = f"{backend}:{index}"
     with _lock:
         if key not in _devices:

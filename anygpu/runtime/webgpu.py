@@ -45,7 +45,7 @@ _COMPUTE_LIMITS = (
     "max_compute_workgroup_size_x",
     "max_compute_workgroups_per_dimension",
 )
-_OPTIONAL_FEATURES = ("shader-f16", "shader-int64", "timestamp-query")
+_OPTIONAL_FEATURES = ("shader-f16", "shader-int64", "timestamp-query", "subgroup")
 
 # wgpu's GL backend reports itself as one of these (GPUAdapterInfo's backend_type)
 _OPENGL_BACKENDS = ("OpenGL", "OpenGLES")
@@ -226,10 +226,12 @@ class WebGPUProgram(Program):
         for i, h in enumerate(handles):
             # wgpu-py passes a released buffer to wgpu-native as a null pointer, and
             # wgpuDeviceCreateBindGroup then panics across the C boundary, aborting the process
-            if getattr(h, "_internal", None) is None:
+            if getattr(h.buffer if isinstance(h, _Range) else h, "_internal", None) is None:
                 raise DeviceError(f"{self.device.name}: buffer {i} of kernel {self.name} was "
                                   "released before the launch")
-        entries = [{"binding": i, "resource": {"buffer": h, "offset": 0, "size": h.size}}
+        entries = [{"binding": i, "resource": {"buffer": h.buffer, "offset": h.offset,
+                                                "size": h.size} if isinstance(h, _Range) else
+                    {"buffer": h, "offset": 0, "size": h.size}}
                    for i, h in enumerate(handles)]
         group = self.device.gpu.create_bind_group(layout=self.layout, entries=entries)
         self.bind_groups_created += 1
@@ -247,6 +249,8 @@ class WebGPUProgram(Program):
                              f"got {len(buffers)}")
         seen: dict[int, int] = {}
         for i, buf in enumerate(buffers):
+            if isinstance(buf.handle, _Range):  # rows of a buffer, only ever read
+                continue
             j = seen.setdefault(id(buf.handle), i)
             if j != i:
                 # wgpu-native accepts two writable bindings of one buffer, but the kernels treat
@@ -303,6 +307,17 @@ class WebGPUProgram(Program):
         except wgpu.GPUError as err:
             raise DeviceError(f"{dev.name}: launching kernel {self.name} with groups={grid} "
                               f"failed:\n{err}") from err
+
+
+class _Range:
+    """Bytes ``offset`` to ``offset + size`` of a GPUBuffer, bound to a kernel as its own
+    binding (a sub-buffer: rows of a tensor read as a buffer). Kernels only read these, and
+    WebGPU allows read-only bindings to overlap."""
+
+    __slots__ = ("buffer", "offset", "size")
+
+    def __init__(self, buffer: Any, offset: int, size: int):
+        self.buffer, self.offset, self.size = buffer, offset, size
 
 
 class WebGPUDevice(Device):
@@ -363,6 +378,8 @@ class WebGPUDevice(Device):
                 local_memory=_limit(limits, "max_compute_workgroup_storage_size"),
                 is_cpu=str(adapter.get("adapter_type", "")).lower() == "cpu",
                 extra={"features": sorted(self.features),
+                       # subgroup operations, of a size the driver picks per pipeline
+                       **({"subgroup": "varying"} if "subgroup" in self.features else {}),
                        "adapter_type": adapter.get("adapter_type", "unknown"),
                        "limits": {name: _limit(limits, name) for name in _COMPUTE_LIMITS}})
         return self._info
@@ -395,6 +412,13 @@ class WebGPUDevice(Device):
             raise DeviceError(f"{self.name}: allocating {size} bytes failed: {err}") from err
         self._handles[id(handle)] = handle
         return handle
+
+    @property
+    def sub_buffer_align(self) -> int:  # type: ignore[override]
+        return max(256, _limit(self.gpu.limits, "min_storage_buffer_offset_alignment"))
+
+    def _sub_handle(self, handle: Any, offset: int, nbytes: int) -> Any:
+        return _Range(handle, offset, _round4(nbytes))
 
     def _reusable(self, handle: Any) -> bool:
         return getattr(handle, "_internal", None) is not None

@@ -87,18 +87,18 @@ GRAPHS: dict[str, Callable[[], ag.Tensor]] = {
 }
 
 
-def kernel_for(graph: str, dialect: str) -> ir.Kernel:
+def kernel_for(graph: str, dialect: str, features: dict | None = None) -> ir.Kernel:
     """The last kernel of the graph (the one producing the output), lowered for ``dialect``."""
     out = GRAPHS[graph]()
     from anygpu.graph.schedule import KernelItem, schedule
 
     items = [i for i in schedule([out.lazy]) if isinstance(i, KernelItem)]
     ast = lower.build_kernel(lower.choose_spec(items[-1].output))
-    return lower.to_ir(ast, dialect, MAX_LOCAL[dialect])
+    return lower.to_ir(ast, dialect, MAX_LOCAL.get(dialect, 1024), features)
 
 
-def source(graph: str, dialect: str) -> str:
-    return render(kernel_for(graph, dialect), dialect)
+def source(graph: str, dialect: str, features: dict | None = None) -> str:
+    return render(kernel_for(graph, dialect, features), dialect)
 
 
 def assert_snapshot(name: str, text: str) -> None:
@@ -123,6 +123,72 @@ def test_snapshot(graph: str, dialect: str) -> None:
             source(graph, dialect)
         return
     assert_snapshot(f"{graph}_{dialect}", source(graph, dialect))
+
+
+# the "subgroup" feature each dialect's devices report: a warp's lanes, or a size the device picks
+SUBGROUPS: dict[str, int | str] = {"cuda": 32, "hip": 64, "opencl": "varying", "wgsl": "varying"}
+
+
+@pytest.mark.parametrize("dialect", list(SUBGROUPS))
+@pytest.mark.parametrize("graph", ["row_sum", "softmax"])
+def test_subgroup_snapshot(graph: str, dialect: str) -> None:
+    # row_sum: 64 threads (two warps of 32, one wavefront of 64); softmax: 8 threads, a max then
+    # a sum
+    text = source(graph, dialect, {"subgroup": SUBGROUPS[dialect]})
+    assert_snapshot(f"{graph}_{dialect}_subgroups", text)
+
+
+def test_subgroup_facts() -> None:
+    cuda = source("row_sum", "cuda", {"subgroup": 32})
+    assert "__shfl_xor_sync(0xffffffffu, " in cuda and cuda.count("__syncthreads();") == 1
+    assert "lmem0[2]" in cuda  # one value per warp
+    small = source("softmax", "cuda", {"subgroup": 32})  # 8 threads: one partly filled warp
+    assert "__shfl_xor_sync(0xffu, " in small and "__syncthreads" not in small
+    assert "((w3 > w5 || w3 != w3) ? w3 : w5)" in small  # max keeps NaN, as the other paths
+    hip = source("row_sum", "hip", {"subgroup": 64})
+    assert "__shfl_xor(" in hip and "__syncthreads" not in hip
+    opencl = source("softmax", "opencl", {"subgroup": "varying"})
+    assert opencl.startswith("#pragma OPENCL EXTENSION cl_khr_subgroups : enable")
+    assert "sub_group_any(isnan(" in opencl and "sub_group_reduce_add(" in opencl
+    wgsl = source("softmax", "wgsl", {"subgroup": "varying"})
+    assert "@builtin(subgroup_invocation_id)" in wgsl and "subgroupAdd(" in wgsl
+    assert "subgroupAny((bitcast<u32>(" in wgsl
+    # without the feature, today's local-memory combine (the snapshots above)
+    assert source("row_sum", "cuda", {}) == source("row_sum", "cuda")
+    assert "__shfl" not in source("row_sum", "hip") and "subgroup" not in source("row_sum", "wgsl")
+
+
+def _kernel_of(out: ag.Tensor, dialect: str, features: dict) -> str:
+    from anygpu.graph.schedule import KernelItem, schedule
+
+    items = [i for i in schedule([out.lazy]) if isinstance(i, KernelItem)]
+    ast = lower.build_kernel(lower.choose_spec(items[-1].output))
+    return render(lower.to_ir(ast, dialect, 256, features), dialect)
+
+
+def test_subgroup_fallbacks() -> None:
+    """Reductions a dialect's subgroup operations lack combine through local memory."""
+    x = t((4, 300), ag.int32)
+    # WGSL's subgroupAdd takes no i64 (integer sums are int64)
+    wgsl = _kernel_of(x.sum(1), "wgsl", {"subgroup": "varying"})
+    assert "subgroupAdd" not in wgsl and "lmem0[(i32(lidv.x) + 128i)]" in wgsl
+    assert "subgroupAdd(" in _kernel_of(x.sum(1, dtype=ag.int32), "wgsl", {"subgroup": "varying"})
+    # OpenCL has no subgroup product; shuffles combine anything
+    assert "sub_group" not in _kernel_of(t((4, 300)).prod(1), "opencl", {"subgroup": "varying"})
+    assert "__shfl_xor_sync" in _kernel_of(t((4, 300)).prod(1), "cuda", {"subgroup": 32})
+    assert "subgroupMul(" in _kernel_of(t((4, 300)).prod(1), "wgsl", {"subgroup": "varying"})
+    # 8-bit values go through int, and sums of them wrap
+    i8 = _kernel_of(t((4, 300), ag.int8).sum(1, dtype=ag.int8), "opencl", {"subgroup": "varying"})
+    assert "((char)sub_group_reduce_add((int)(" in i8
+    assert "(int)w" in _kernel_of(t((4, 300), ag.uint8).amax(1), "cuda", {"subgroup": 32})
+
+
+def test_subgroup_reduce_substitutes() -> None:
+    x = ir.var("x", ag.float32)
+    e = ir.subgroup_reduce("max", ir.alu("add", x, ir.var("y", ag.float32)), 32)
+    out = ir.substitute(e, {"y": ir.const(1.0, ag.float32)})
+    assert out.op == "subgroup_reduce" and out.arg == ("max", 32)
+    assert out.srcs[0] is ir.alu("add", x, ir.const(1.0, ag.float32))
 
 
 def test_rendering_is_deterministic() -> None:

@@ -8,7 +8,6 @@ enclosing blocks declared, so loop-variant values are never used outside their l
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 from anygpu.codegen import ir
 from anygpu.dtype import (DType, bfloat16, bool_, float16, float32, int8, int32, int64, min_value,
@@ -46,6 +45,9 @@ class CStyleRenderer:
     types: dict[DType, str] = {}
     math_fns: dict[str, str] = {}
     specials: dict[str, str] = {}
+    # the reductions ``subgroup_reduce`` renders, op -> accumulator dtypes (the lowering combines
+    # the others through local memory)
+    subgroup_ops: dict[str, frozenset[DType]] = {}
     indent_unit = "  "
 
     def __init__(self) -> None:
@@ -58,6 +60,7 @@ class CStyleRenderer:
         self.stored_locals: dict[str, DType] = {}
         self.params: dict[str, ir.Param] = {}
         self.kernel: ir.Kernel | None = None
+        self.uses_subgroups = False  # set while rendering: a prelude may need to say so
 
     # ---- types and literals ----------------------------------------------------------------------
     def compute_type(self, dtype: DType) -> str:
@@ -147,6 +150,9 @@ class CStyleRenderer:
         if op == "where":
             c, a, b = (self.expr(s) for s in e.srcs)
             return self.select(c, a, b)
+        if op == "subgroup_reduce":
+            self.uses_subgroups = True
+            return self.subgroup_reduce(e.arg[0], e.srcs[0], e.arg[1])
         if op in ("idiv", "mod") and not e.dtype.is_float:
             return self.int_division(e)
         if op in ("shl", "shr"):
@@ -188,6 +194,14 @@ class CStyleRenderer:
         safe = self.select(bad, self.literal(1, dtype), b)
         result = self.wrap(self.int_op(e.op, a_text, safe), dtype)
         return self.select(is_zero, zero, result)
+
+    def subgroup_reduce(self, op: str, value: ir.Expr, width: int | None) -> str:
+        raise NotImplementedError(f"subgroup reductions are not available in {self.dialect}")
+
+    def combine(self, op: str, a: str, b: str, dtype: DType) -> str:
+        """``op`` of two named values of ``dtype``, as the dialect renders it (NaN-keeping max,
+        8-bit wrap-around)."""
+        return self.render_op(ir.alu(op, ir.var(a, dtype), ir.var(b, dtype)))
 
     def shift(self, e: ir.Expr) -> str:
         """Shifts by an amount outside [0, bits) give what PyTorch gives (0, or -1 for a
@@ -420,16 +434,26 @@ def uses_dtype(kernel: ir.Kernel, dtype: DType) -> bool:
     return any(visit(e) for st in _walk(kernel.body) for e in _stmt_exprs(st))
 
 
-RENDERERS: dict[str, Callable[[], CStyleRenderer]] = {}
+RENDERERS: dict[str, type[CStyleRenderer]] = {}
 
 
-def render(kernel: ir.Kernel, dialect: str) -> str:
-    """Source text of ``kernel`` in ``dialect`` ("c", "opencl", "cuda", "hip" or "wgsl")."""
+def _renderer(dialect: str) -> type[CStyleRenderer]:
     if dialect not in RENDERERS:
         from anygpu.codegen.render import c, cuda, opencl, wgsl  # noqa: F401 (they register)
     if dialect not in RENDERERS:
         raise ValueError(f"no renderer for dialect {dialect!r}")
-    return RENDERERS[dialect]().render(kernel)
+    return RENDERERS[dialect]
+
+
+def render(kernel: ir.Kernel, dialect: str) -> str:
+    """Source text of ``kernel`` in ``dialect`` ("c", "opencl", "cuda", "hip" or "wgsl")."""
+    return _renderer(dialect)().render(kernel)
+
+
+def subgroup_reduces(dialect: str, op: str, dtype: DType) -> bool:
+    """Whether ``dialect`` renders ``ir.subgroup_reduce`` of ``op`` for accumulators of
+    ``dtype``."""
+    return dtype in _renderer(dialect).subgroup_ops.get(op, frozenset())
 
 
 BASE_TYPES = {bool_: "unsigned char", uint8: "unsigned char", int8: "signed char",

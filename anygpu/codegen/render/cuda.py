@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from anygpu.codegen import ir
 from anygpu.codegen.render.cstyle import BASE_TYPES, RENDERERS, CStyleRenderer, uses_dtype
-from anygpu.dtype import DType, bfloat16, float16
+from anygpu.dtype import ALL, DType, bfloat16, bool_, float16, int8, uint8
 
 
 class CUDARenderer(CStyleRenderer):
@@ -20,6 +20,8 @@ class CUDARenderer(CStyleRenderer):
     specials = {"lid": "((int)threadIdx.x)", "gid": "((int)blockIdx.x)"}
     fp16_header = "#include <cuda_fp16.h>"
     bf16_header = "#include <cuda_bf16.h>"
+    # shuffles move any value, and the combining step is the dialect's own operator
+    subgroup_ops = {op: frozenset(ALL) for op in ("add", "max", "mul")}
 
     def literal(self, value: object, dtype: DType) -> str:
         if dtype.is_float:
@@ -94,6 +96,34 @@ class CUDARenderer(CStyleRenderer):
     def vector_read(self, buf: str, index: str, n: int) -> str | None:
         return f"*reinterpret_cast<const float{n}*>(&{buf}[{index}])"
 
+    def subgroup_reduce(self, op: str, value: ir.Expr, width: int | None) -> str:
+        """A butterfly of shuffles: at each step a lane combines its value with that of the lane
+        whose index differs in one bit, so after log2(width) steps every lane of each group of
+        ``width`` holds the group's result."""
+        assert width is not None, "warps have a fixed width"
+        dtype = value.dtype
+        t = self.compute_type(dtype)
+        v, off = self.fresh("w"), self.fresh("o")
+        self.emit(f"{t} {v} = {self.expr(value)};")
+        self.emit("#pragma unroll")
+        self.emit(f"for (int {off} = {width // 2}; {off} > 0; {off} >>= 1) {{")
+        self.depth += 1
+        partner = self.fresh("w")
+        self.emit(f"const {t} {partner} = {self.shuffle_xor(v, off, dtype)};")
+        self.emit(f"{v} = {self.combine(op, v, partner, dtype)};")
+        self.depth -= 1
+        self.emit("}")
+        return v
+
+    def shuffle_xor(self, value: str, offset: str, dtype: DType) -> str:
+        # the lanes a warp's shuffles name: every lane, or those of a work-group smaller than it
+        assert self.kernel is not None
+        lanes = self.kernel.local
+        mask = "0xffffffffu" if lanes >= 32 else f"{(1 << lanes) - 1:#x}u"
+        if dtype in (bool_, int8, uint8):  # no 8-bit shuffles: through int
+            return f"(({self.compute_type(dtype)})__shfl_xor_sync({mask}, (int){value}, {offset}))"
+        return f"__shfl_xor_sync({mask}, {value}, {offset})"
+
     def render(self, kernel: ir.Kernel) -> str:
         # a kernel that asks for more than the 48 KiB of static shared memory gets its local
         # arrays as parts of one dynamic allocation; the comment on the first line tells the
@@ -128,6 +158,12 @@ class HIPRenderer(CUDARenderer):
     dialect = "hip"
     fp16_header = "#include <hip/hip_fp16.h>"
     bf16_header = "#include <hip/hip_bf16.h>"
+
+    def shuffle_xor(self, value: str, offset: str, dtype: DType) -> str:
+        # HIP's unsynchronized shuffle: a wavefront's lanes run in lockstep (32 or 64 of them)
+        if dtype in (bool_, int8, uint8):
+            return f"(({self.compute_type(dtype)})__shfl_xor((int){value}, {offset}))"
+        return f"__shfl_xor({value}, {offset})"
 
 
 RENDERERS["cuda"] = CUDARenderer

@@ -15,6 +15,8 @@ inline ushort f32_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u); return (ushort)(u >> 16); }
 inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }"""
 
+SUBGROUPS_PRAGMA = "#pragma OPENCL EXTENSION cl_khr_subgroups : enable"
+
 # round a float to the nearest half and back, without needing the half type
 F16_HELPERS = """\
 inline float f16_round(float f) {
@@ -33,7 +35,13 @@ class OpenCLRenderer(CStyleRenderer):
     math_fns = {"exp2": "exp2({0})", "log2": "log2({0})", "sin": "sin({0})",
                 "sqrt": "sqrt({0})", "trunc": "trunc({0})",
                 "fmod": "fmod({0}, {1})"}
-    specials = {"lid": "((int)get_local_id(0))", "gid": "((int)get_group_id(0))"}
+    specials = {"lid": "((int)get_local_id(0))", "gid": "((int)get_group_id(0))",
+                "sg_lane": "((int)get_sub_group_local_id())", "sg_id": "((int)get_sub_group_id())",
+                "sg_count": "((int)get_num_sub_groups())", "sg_size": "((int)get_sub_group_size())"}
+    # cl_khr_subgroups reduces 32- and 64-bit numbers (8-bit ones go through int), and has no
+    # product
+    subgroup_ops = {op: frozenset({int8, uint8, int32, uint32, int64, float16, bfloat16, float32})
+                    for op in ("add", "max")}
 
     def literal(self, value: object, dtype: DType) -> str:
         if dtype == int64:
@@ -61,12 +69,25 @@ class OpenCLRenderer(CStyleRenderer):
     def vector_read(self, buf: str, index: str, n: int) -> str | None:
         return f"*((__local const float{n}*)({buf} + {index}))"
 
+    def subgroup_reduce(self, op: str, value: ir.Expr, width: int | None) -> str:
+        assert width is None, "OpenCL's subgroups are of the size the compiler picks"
+        fn, dtype = f"sub_group_reduce_{op}", value.dtype
+        if dtype in (int8, uint8):
+            return self.wrap(f"{fn}((int)({self.expr(value)}))", dtype)
+        if op == "max" and dtype.is_float:
+            # sub_group_reduce_max may drop NaN (as fmax does): a NaN anywhere gives NaN
+            x = self.expr(value, True)
+            return f"(sub_group_any(isnan({x})) ? {self.literal(float('nan'), dtype)} : {fn}({x}))"
+        return f"{fn}({self.expr(value)})"
+
     def signature(self, kernel: ir.Kernel) -> str:
         attr = f"__attribute__((reqd_work_group_size({kernel.local}, 1, 1))) "
         return self.kernel_prefix + attr + super().signature(kernel)[len(self.kernel_prefix):]
 
     def prelude(self, kernel: ir.Kernel) -> list[str]:
         lines = []
+        if self.uses_subgroups:  # first: the runtime reads it to build with OpenCL C 2.0 or 3.0
+            lines.append(SUBGROUPS_PRAGMA)
         if uses_dtype(kernel, bfloat16):
             lines.append(BF16_HELPERS)
         if uses_dtype(kernel, float16):

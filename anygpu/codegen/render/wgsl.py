@@ -79,7 +79,12 @@ class WGSLRenderer(CStyleRenderer):
                int64: "i64", float32: "f32", float16: "f16"}
     math_fns = {"exp2": "exp2({0})", "log2": "log2({0})", "sin": "sin({0})",
                 "sqrt": "sqrt({0})", "trunc": "trunc({0})"}
-    specials = {"lid": "i32(lidv.x)", "gid": "gidx"}
+    specials = {"lid": "i32(lidv.x)", "gid": "gidx", "sg_lane": "i32(sg_lane)",
+                "sg_id": "i32(sg_id)", "sg_count": "i32(sg_count)", "sg_size": "i32(sg_size)"}
+    # subgroupAdd, subgroupMul and subgroupMax take 32-bit numbers (8-bit values live in them):
+    # no i64, no bool
+    subgroup_ops = {op: frozenset({int8, uint8, int32, uint32, float16, float32})
+                    for op in ("add", "max", "mul")}
 
     def compute_type(self, dtype: DType) -> str:
         if dtype == bfloat16:
@@ -161,6 +166,18 @@ class WGSLRenderer(CStyleRenderer):
             return f"(!{self.expr(e.srcs[0])})"
         return super().render_op(e)
 
+    def subgroup_reduce(self, op: str, value: ir.Expr, width: int | None) -> str:
+        assert width is None, "WebGPU's subgroups are of the size the device picks"
+        fn = {"add": "subgroupAdd", "max": "subgroupMax", "mul": "subgroupMul"}[op]
+        dtype = value.dtype
+        if op == "max" and dtype.is_float:
+            # subgroupMax may drop NaN: a NaN anywhere gives NaN (tested on the bits, see max)
+            x = self.expr(value, True)
+            nan = f"(bitcast<u32>({x}) & 0x7fffffffu) > 0x7f800000u"
+            return f"select({fn}({x}), {self.literal(float('nan'), dtype)}, subgroupAny({nan}))"
+        text = f"{fn}({self.expr(value)})"
+        return text if op == "max" else self.wrap(text, dtype)  # 8-bit sums wrap as they go
+
     def shift_op(self, op: str, a: str, b: str, amount: ir.Expr) -> str:
         # a constant amount is written as u32 directly: WGSL cannot convert an i64 literal
         count = f"{amount.arg}u" if amount.op == "const" else f"u32({b})"
@@ -218,8 +235,14 @@ class WGSLRenderer(CStyleRenderer):
                 head.append(f"var<workgroup> {st.name}: array<{self.compute_type(st.dtype)}, "
                             f"{st.size}>;")
         head.append(f"@compute @workgroup_size({kernel.local})")
+        # subgroup builtins come with the device's "subgroup" feature; wgpu's shader compiler
+        # (naga) takes them without WGSL's "enable subgroups;", which it rejects, and offers
+        # subgroup_id and num_subgroups beside the standard two
+        subgroups = ", @builtin(subgroup_invocation_id) sg_lane: u32, " \
+            "@builtin(subgroup_size) sg_size: u32, @builtin(subgroup_id) sg_id: u32, " \
+            "@builtin(num_subgroups) sg_count: u32" if self.uses_subgroups else ""
         head.append(f"fn {kernel.name}(@builtin(workgroup_id) wid: vec3<u32>, "
-                    "@builtin(local_invocation_id) lidv: vec3<u32>) {")
+                    f"@builtin(local_invocation_id) lidv: vec3<u32>{subgroups}) {{")
         head.append(f"  let gidx: i32 = i32(wid.x + wid.y * {MAX_GROUPS_X}u);")
         if kernel.groups > MAX_GROUPS_X:
             head.append(f"  if (gidx >= {kernel.groups}i) {{ return; }}")
