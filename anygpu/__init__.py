@@ -20,6 +20,28 @@ from anygpu.serialization import load, save
 
 __version__ = "0.1.0"
 
+
+def _mirror_methods() -> list[str]:
+    """Top-level functions that are the method of their first argument (``anygpu.flatten(x)``),
+    and ``rand_like``, ``randn_like``, ``empty``, ``empty_like``, as in PyTorch."""
+    from anygpu.ops import composites
+    from anygpu.tensor import zeros as _zeros
+
+    names = []
+    for name in composites.FUNCTIONS:
+        if name not in globals():
+            globals()[name] = composites.function(name)
+            names.append(name)
+    for name in ("rand", "randn", "empty"):
+        globals()[name + "_like"] = composites.like(name)
+        names.append(name + "_like")
+    globals()["empty"] = _zeros
+    globals()["is_tensor"] = lambda obj: isinstance(obj, Tensor)
+    return names + ["empty", "is_tensor"]
+
+
+_mirrored = _mirror_methods()
+
 float = float32
 half = float16
 long = int64
@@ -33,4 +55,4 @@ __all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like
            "int32", "int64", "bool_", "float", "half", "long", "int", "bool", "get_device",
            "DeviceError", "OutOfMemoryError", "UnsupportedError", "BackendUnavailable",
            "nn", "optim", "utils", "set_float32_matmul_precision", "get_float32_matmul_precision",
-           "save", "load", "__version__"]
+           "save", "load", "__version__", *_mirrored]

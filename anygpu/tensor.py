@@ -1206,13 +1206,14 @@ class Tensor:
         return self.cast(dt.bool_)
 
 
-def _install_in_place() -> None:
-    from anygpu.ops.inplace import methods
-    for name, method in methods().items():
+def _install_methods() -> None:
+    """The in-place methods (ops/inplace.py) and more composites (ops/composites.py)."""
+    from anygpu.ops import composites, inplace
+    for name, method in {**inplace.methods(), **composites.methods()}.items():
         setattr(Tensor, name, method)
 
 
-_install_in_place()
+_install_methods()
 
 
 def parse_to(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, DType | None]:
