@@ -15,6 +15,10 @@ from anygpu.tensor import (Tensor, arange, cat, eye, full, full_like, linspace, 
                            ones_like, rand, randint, randn, realize, stack, tensor, where, zeros,
                            zeros_like)
 
+from anygpu.device import cpu, cuda, device, hip, opencl, webgpu
+from anygpu.ops.random import (Generator, bernoulli, default_generator, get_rng_state,
+                               initial_seed, multinomial, normal, randperm, seed, set_rng_state)
+
 from anygpu import nn, optim, utils  # noqa: E402  (they use the names above)
 from anygpu.serialization import load, save
 
@@ -55,4 +59,6 @@ __all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like
            "int32", "int64", "bool_", "float", "half", "long", "int", "bool", "get_device",
            "DeviceError", "OutOfMemoryError", "UnsupportedError", "BackendUnavailable",
            "nn", "optim", "utils", "set_float32_matmul_precision", "get_float32_matmul_precision",
-           "save", "load", "__version__", *_mirrored]
+           "save", "load", "__version__", "Generator", "default_generator", "seed",
+           "initial_seed", "get_rng_state", "set_rng_state", "randperm", "multinomial",
+           "bernoulli", "normal", "device", "cpu", "cuda", "opencl", "webgpu", "hip", *_mirrored]

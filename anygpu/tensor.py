@@ -185,7 +185,8 @@ class Tensor:
 
     def to(self, *args: Any, **kwargs: Any) -> "Tensor":
         """``to(device)``, ``to(dtype)``, ``to(device, dtype)`` or ``to(other)`` (PyTorch's
-        forms); ``non_blocking`` and ``copy`` are accepted."""
+        forms; the device a string or an ``anygpu.device``). ``non_blocking`` and ``copy`` are
+        accepted and ignored: the copy is lazy and runs with the graph that needs it."""
         device, dtype = parse_to(args, kwargs)
         out = self
         if dtype is not None:
@@ -1208,8 +1209,9 @@ class Tensor:
 
 def _install_methods() -> None:
     """The in-place methods (ops/inplace.py) and more composites (ops/composites.py)."""
-    from anygpu.ops import composites, inplace
-    for name, method in {**inplace.methods(), **composites.methods()}.items():
+    from anygpu.ops import composites, inplace, random
+    for name, method in {**inplace.methods(), **composites.methods(),
+                         **random.methods()}.items():
         setattr(Tensor, name, method)
 
 
@@ -1477,30 +1479,44 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     return cat([t.unsqueeze(axis) for t in ts], axis)
 
 
-def manual_seed(seed: int) -> None:
+def manual_seed(seed: int) -> Any:
+    """Restart the global generator (see ops/random.py); returns it, as in PyTorch."""
     from anygpu.ops import random
-    random.manual_seed(seed)
+    return random.manual_seed(seed)
 
 
 def rand(*shape: Any, dtype: Any = None, device: str | None = None,
-         requires_grad: bool = False) -> Tensor:
+         requires_grad: bool = False, generator: Any = None) -> Tensor:
     from anygpu.ops import random
-    return random.rand(_shape_arg(shape), dtype, device).requires_grad_(requires_grad)
+    out = random.rand(_shape_arg(shape), dtype, device, generator)
+    return out.requires_grad_(requires_grad)
 
 
 def randn(*shape: Any, dtype: Any = None, device: str | None = None,
-          requires_grad: bool = False) -> Tensor:
+          requires_grad: bool = False, generator: Any = None) -> Tensor:
     from anygpu.ops import random
-    return random.randn(_shape_arg(shape), dtype, device).requires_grad_(requires_grad)
+    out = random.randn(_shape_arg(shape), dtype, device, generator)
+    return out.requires_grad_(requires_grad)
 
 
-def randint(low: int, high: int | None = None, size: ShapeLike = (), dtype: Any = None,
-            device: str | None = None) -> Tensor:
+def randint(low: int = 0, high: Any = None, size: ShapeLike | None = None, dtype: Any = None,
+            device: str | None = None, generator: Any = None,
+            requires_grad: bool = False) -> Tensor:
+    """Uniform integers in [low, high), int64 by default: PyTorch's ``randint(high, size)`` and
+    ``randint(low, high, size)``.
+
+    >>> import anygpu as ag
+    >>> ag.randint(3, (4,)).shape, ag.randint(5, 6, (2,)).tolist()
+    ((4,), [5, 5])
+    """
     from anygpu.ops import random
+    if size is None and isinstance(high, (tuple, list)):
+        low, high, size = 0, low, high
     if high is None:
         low, high = 0, low
-    shp = (size,) if isinstance(size, int) else tuple(size)
-    return random.randint(low, high, shp, dtype, device)
+    shp = () if size is None else (size,) if isinstance(size, int) else tuple(size)
+    out = random.randint(int(low), int(high), shp, dtype, device, generator)
+    return out.requires_grad_(requires_grad)
 
 
 def realize(*tensors: Tensor) -> None:

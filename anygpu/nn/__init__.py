@@ -19,6 +19,9 @@ from anygpu.nn.layers import (GELU, Conv2d, ConvTranspose2d, Dropout, Embedding,
 from anygpu.nn.loss import BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss, NLLLoss
 from anygpu.nn.containers import ModuleDict, ModuleList, Sequential
 from anygpu.nn.module import Module, Parameter
+from anygpu.nn.attention import MultiheadAttention
+from anygpu.nn.transformer import (TransformerDecoderLayer, TransformerEncoder,
+                                   TransformerEncoderLayer)
 from anygpu.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RMSNorm
 from anygpu.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 
@@ -27,4 +30,6 @@ __all__ = ["functional", "init", "state", "utils", "Module", "Parameter", "Seque
            "Embedding", "Dropout", "Flatten", "Unflatten", "ReLU", "GELU", "SiLU", "Sigmoid",
            "Tanh", "LeakyReLU", "Softmax", "LogSoftmax", "BatchNorm1d", "BatchNorm2d", "LayerNorm",
            "RMSNorm", "GroupNorm", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
-           "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "BCEWithLogitsLoss"]
+           "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "BCEWithLogitsLoss",
+           "MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer",
+           "TransformerEncoder"]

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence, Union
 
 import numpy as np
@@ -558,6 +559,42 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
         return input * 0
     keep = rand(input.shape, device=input.device).ge(p)
     return keep._select(input * (1.0 / (1.0 - p)), input._const_like(0))
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
+                                 attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None) -> Tensor:
+    """``softmax(query @ key^T * scale + mask) @ value`` over (..., L, E), (..., S, E) and
+    (..., S, Ev), batch and head axes broadcasting. A bool ``attn_mask`` marks the pairs that
+    take part (True) and a float one is added to the scores; ``is_causal`` lets query ``i``
+    see keys ``0..i``. ``dropout_p`` applies whenever it is above 0, as in PyTorch (layers
+    pass 0 in eval mode).
+
+    >>> import anygpu as ag
+    >>> from anygpu.nn import functional as F
+    >>> q, k, v = ag.randn(2, 4, 5, 8), ag.randn(2, 4, 6, 8), ag.randn(2, 4, 6, 3)
+    >>> F.scaled_dot_product_attention(q, k, v, is_causal=True).shape
+    (2, 4, 5, 3)
+    """
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set "
+                           "when is_causal=True")
+    length, source = query.shape[-2], key.shape[-2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    scores = query.matmul(key.transpose(-2, -1)) * scale
+    if is_causal:
+        rows = arange(length, device=query.device).reshape(length, 1)
+        attn_mask = rows >= arange(source, device=query.device).reshape(1, source)
+    if attn_mask is not None:
+        if attn_mask.dtype.is_bool:
+            scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+        else:
+            scores = scores + attn_mask
+    weights = scores.softmax(-1)
+    if dropout_p > 0.0:
+        weights = dropout(weights, dropout_p, True)
+    return weights.matmul(value)
 
 
 # ---- losses --------------------------------------------------------------------------------------

@@ -255,16 +255,23 @@ def _addcdiv(t: "Tensor", a: "Tensor", b: "Tensor", value: Any = 1) -> "Tensor":
     return t + a / b * value
 
 
-def _uniform(t: "Tensor", a: float = 0.0, b: float = 1.0) -> "Tensor":
+def _uniform(t: "Tensor", a: float = 0.0, b: float = 1.0, generator: Any = None) -> "Tensor":
     from anygpu.tensor import rand
 
-    return rand(*t.shape, device=t.device) * (b - a) + a
+    return rand(*t.shape, device=t.device, generator=generator) * (b - a) + a
 
 
-def _normal(t: "Tensor", mean: float = 0.0, std: float = 1.0) -> "Tensor":
+def _normal(t: "Tensor", mean: float = 0.0, std: float = 1.0, generator: Any = None
+            ) -> "Tensor":
     from anygpu.tensor import randn
 
-    return randn(*t.shape, device=t.device) * std + mean
+    return randn(*t.shape, device=t.device, generator=generator) * std + mean
+
+
+def _bernoulli(t: "Tensor", p: Any = 0.5, generator: Any = None) -> "Tensor":
+    from anygpu.tensor import rand
+
+    return (rand(*t.shape, device=t.device, generator=generator) < p).cast(t.dtype)
 
 
 _OWN: dict[str, Callable[..., "Tensor"]] = {
@@ -278,6 +285,7 @@ _OWN: dict[str, Callable[..., "Tensor"]] = {
     "addcdiv": _addcdiv,
     "uniform": _uniform,
     "normal": _normal,
+    "bernoulli": _bernoulli,
 }
 
 

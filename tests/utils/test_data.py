@@ -565,3 +565,13 @@ def test_training_loop_like_torch() -> None:
             their_losses.append(their_loss.item())
     np.testing.assert_allclose(losses, their_losses, rtol=1e-4, atol=1e-5)
     assert np.mean(losses[-3:]) < 0.05 * np.mean(losses[:3])
+
+
+def test_anygpu_generator_seeds_the_order() -> None:
+    def order(seed: int) -> list[int]:
+        return list(RandomSampler(range(20), generator=ag.Generator().manual_seed(seed)))
+
+    assert order(9) == order(9) and sorted(order(9)) == list(range(20))
+    assert order(9) != order(10)
+    parts = random_split(range(10), [4, 6], generator=ag.Generator().manual_seed(9))
+    assert sorted(i for p in parts for i in p) == list(range(10))

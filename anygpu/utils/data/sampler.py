@@ -16,29 +16,38 @@ PyTorch. ``generator=`` takes an int seed or a ``np.random.Generator`` (anygpu h
 
 from __future__ import annotations
 
-from typing import Any, Generic, Iterable, Iterator, Sequence, Sized, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Generic, Iterable, Iterator, Sequence, Sized, TypeVar, Union
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from anygpu.ops.random import Generator
+
 T_co = TypeVar("T_co", covariant=True)
 
-GeneratorLike = Union[int, np.random.Generator, np.random.SeedSequence, None]
+GeneratorLike = Union[int, np.random.Generator, np.random.SeedSequence, "Generator", None]
 
 
 # ---- random streams --------------------------------------------------------------------------
 def as_generator(generator: GeneratorLike, who: str = "generator") -> np.random.Generator | None:
     """The NumPy generator for a ``generator=`` argument: None stays None (draw a fresh seed
-    from anygpu's global generator when needed); an int or SeedSequence seeds a new one."""
+    from anygpu's global generator when needed); an int, a SeedSequence or an anygpu.Generator
+    (its next 64 bits) seeds a new one."""
     if generator is None or isinstance(generator, np.random.Generator):
         return generator
     if isinstance(generator, np.random.SeedSequence):
         return np.random.default_rng(generator)
+    from anygpu.ops.random import Generator, random_bits
+
+    if isinstance(generator, Generator):  # a NumPy stream seeded from its next 64 bits
+        high, low = (int(b) for b in random_bits(2, "cpu", generator).numpy())
+        return np.random.default_rng((high << 32) | low)
     if isinstance(generator, (int, np.integer)) and not isinstance(generator, bool):
         if generator < 0:
             raise ValueError(f"{who}: a seed must be non-negative, got {generator}")
         return np.random.default_rng(int(generator))
-    raise TypeError(f"{who} must be None, an int seed or a numpy.random.Generator, got "
-                    f"{type(generator).__name__} (anygpu has no Generator class of its own)")
+    raise TypeError(f"{who} must be None, an int seed, an anygpu.Generator or a "
+                    f"numpy.random.Generator, got {type(generator).__name__}")
 
 
 def fresh_seed() -> int:
