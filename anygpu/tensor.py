@@ -1455,6 +1455,9 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
                                      if i != axis):
             raise ValueError(f"cat: shapes {[x.shape for x in ts]} differ outside dim {axis}")
     total = sum(t.shape[axis] for t in ts)
+    rows = _rows_of_one_buffer(ts) if axis == 0 else None
+    if rows is not None:
+        return rows[0][np.concatenate(rows[1])].cast(d)
     out: Tensor | None = None
     start = 0
     for t in ts:
@@ -1476,7 +1479,36 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     if not ts:
         raise ValueError("stack needs at least one tensor")
     axis = _axis(dim, ts[0].ndim + 1)
+    rows = _rows_of_one_buffer(ts) if axis == 0 else None
+    if rows is not None and all(t.shape == ts[0].shape for t in ts):
+        return rows[0][np.stack(rows[1])]
     return cat([t.unsqueeze(axis) for t in ts], axis)
+
+
+def _rows_of_one_buffer(ts: Sequence[Tensor]) -> tuple[Tensor, list[np.ndarray]] | None:
+    """(the tensor, the rows of each of ``ts``) where every one of ``ts`` is a run of rows
+    ``x[a:b]`` of one realized tensor ``x`` that needs no gradient. Then ``stack`` and ``cat``
+    gather those rows by an index uploaded as data: a batch of windows cut at new places each
+    step (``stack([data[i:i + n] for i in ix])``) reuses one kernel, where padding and adding
+    the slices would compile a kernel for each new set of offsets."""
+    if len(ts) < 2 or sched.recording is not None:
+        return None
+    base: Lazy | None = None
+    rows = []
+    for t in ts:
+        node = t.lazy
+        if t.requires_grad or node.op is not Op.SHRINK or node.realized:
+            return None
+        src = node.srcs[0]
+        if not src.realized or (base is not None and src is not base):
+            return None
+        (lo, hi), *rest = node.arg
+        if any(tuple(b) != (0, n) for b, n in zip(rest, src.shape[1:])):
+            return None
+        base = src
+        rows.append(np.arange(lo, hi))
+    assert base is not None
+    return Tensor(base), rows
 
 
 def manual_seed(seed: int) -> Any:

@@ -23,7 +23,7 @@ from anygpu.codegen import ir, sym
 from anygpu.codegen.render.cstyle import subgroup_reduces
 from anygpu.codegen.templates import gemm, mma
 from anygpu.dtype import DType, float32, int32, int64, min_value
-from anygpu.graph.lazy import Lazy
+from anygpu.graph.lazy import Lazy, is_boundary
 from anygpu.ops.primitives import ELEMENTWISE, MOVEMENT, REDUCE, Op
 
 Shape = tuple[int, ...]
@@ -59,7 +59,7 @@ def _first_reduces(root: Lazy) -> list[Lazy]:
     queue = deque([root.srcs[0]] if root.op is Op.CONTIGUOUS else [root])
     while queue:
         node = queue.popleft()
-        if id(node) in seen or node.realized:
+        if id(node) in seen or node.realized or (node.keep and node is not root):
             continue
         seen.add(id(node))
         if node.op in REDUCE:
@@ -193,8 +193,7 @@ class _Builder:
 
     def _value(self, node: Lazy, idx: list[sym.Lin], conds: tuple[Cond, ...]) -> ir.Expr:
         op = node.op
-        if node.realized or op is Op.COPY or (op is Op.CONTIGUOUS and node is not self.spec.root) \
-                or id(node) in self.leaves:
+        if is_boundary(node, self.spec.root) or id(node) in self.leaves:
             return self.load(node, idx, conds)
         if op is Op.CONTIGUOUS:
             return self.value(node.srcs[0], idx, conds)

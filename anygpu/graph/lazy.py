@@ -17,15 +17,26 @@ from anygpu.runtime.base import Buffer
 Shape = tuple[int, ...]
 
 
+_FREE = frozenset({Op.CONST, Op.IOTA, Op.BUFFER}) | MOVEMENT
+
+
 class Lazy:
+    """``computed``: a kernel that ran fused this node into its own work without storing it
+    (schedule sets it). A node built on such a node is a value used again after it was
+    computed, such as a buffer updated by reassignment each step or a token list grown by
+    ``cat``: fused once more, it would be recomputed, from ever more steps back. So the
+    computed node is marked ``keep``: it is realized into a buffer of its own when next
+    scheduled, and never fused into its consumers, as eager PyTorch would have stored it."""
+
     __slots__ = ("op", "srcs", "arg", "shape", "dtype", "device", "buffer", "consumers",
-                 "__weakref__")
+                 "computed", "keep", "__weakref__")
 
     def __init__(self, op: Op, srcs: tuple["Lazy", ...], arg: Any, shape: Shape, dtype: DType,
                  device: str):
         self.op, self.srcs, self.arg = op, srcs, arg
         self.shape, self.dtype, self.device = shape, dtype, device
         self.buffer: Buffer | None = None
+        self.computed = self.keep = False
         # weak links to the nodes built on this one: an in-place write finds the pending
         # computations that must read the old values first (see pending_readers)
         self.consumers: list[weakref.ref] = []
@@ -33,6 +44,8 @@ class Lazy:
             if len(s.consumers) > 64:
                 s.consumers = [r for r in s.consumers if r() is not None]
             s.consumers.append(weakref.ref(self))
+            if s.computed and s.buffer is None and not s.keep:
+                _keep(s)
 
     def __repr__(self) -> str:
         state = "realized" if self.buffer is not None else self.op.value
@@ -163,6 +176,20 @@ def movement_shape(shape: Shape, op: Op, arg: Any) -> Shape:
             raise ValueError(f"bad flip axes {arg} for shape {shape}")
         return shape
     raise AssertionError(op)
+
+
+def _keep(node: Lazy) -> None:
+    """Mark the computation under ``node``'s views to be kept (see Lazy)."""
+    while node.op in MOVEMENT and node.srcs and node.srcs[0].buffer is None:
+        node = node.srcs[0]
+    if node.op not in _FREE:
+        node.keep = True
+
+
+def is_boundary(node: "Lazy", root: "Lazy") -> bool:
+    """Whether a kernel computing ``root`` reads ``node`` as an input rather than fusing it."""
+    return node.buffer is not None or node.op is Op.COPY or (
+        node is not root and (node.keep or node.op is Op.CONTIGUOUS))
 
 
 def is_view_of_buffer(node: "Lazy") -> bool:

@@ -23,9 +23,9 @@ from anygpu.codegen import ir, lower
 from anygpu.codegen.render.cstyle import render
 from anygpu.codegen.render.wgsl import launch_groups
 from anygpu.dtype import DType, bfloat16, float16
-from anygpu.graph.lazy import Lazy, is_view_of_buffer, pending_readers
+from anygpu.graph.lazy import Lazy, is_boundary, is_view_of_buffer, pending_readers
 from anygpu.ops.linalg import get_float32_matmul_precision
-from anygpu.ops.primitives import MOVEMENT, Op
+from anygpu.ops.primitives import MOVEMENT, REDUCE, Op
 from anygpu.runtime.base import Buffer, Device, Program
 from anygpu.runtime.registry import get_device
 
@@ -34,6 +34,7 @@ from anygpu.runtime.registry import get_device
 class KernelItem:
     ast: lower.KernelAST
     signature: tuple = ()
+    fused: list[Lazy] = dataclasses.field(default_factory=list)  # nodes it computes unstored
 
     @property
     def output(self) -> Lazy:
@@ -72,10 +73,11 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
         return
     _split_reduction(node)
     _unfold_windows(node)
-    signature, walk, leaves = _signature(node)
+    spec = lower.choose_spec(node)
+    signature, walk, leaves = _signature(node, spec)
     cached = _ast_cache.get(signature)
     if cached is None:
-        ast = lower.build_kernel(lower.choose_spec(node), leaves)
+        ast = lower.build_kernel(spec, leaves)
         position = {id(n): i for i, n in enumerate(walk)}
         # the template keeps no graph nodes alive: they are filled in from each new walk
         template = _template(ast)
@@ -88,7 +90,7 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
                                   lins=[])
     for dep in ast.inputs:
         _visit(dep, items, planned)
-    items.append(KernelItem(ast, signature))
+    items.append(KernelItem(ast, signature, walk))
 
 
 # A sum is split in two kernels where it has too few outputs to fill a GPU: a convolution's
@@ -238,9 +240,15 @@ def input_buffer(node: Lazy) -> Buffer:
     return get_device(base.device).sub_buffer(base.buffer, offset, nbytes)
 
 
-def _signature(root: Lazy) -> tuple[tuple, list[Lazy], dict[int, int]]:
+def _signature(root: Lazy, spec: lower.KernelSpec) -> tuple[tuple, list[Lazy], dict[int, int]]:
     """The kernel's structure as a hashable key, the nodes walked (the key's positions refer
-    to them) and the row slices read as buffers (their ids, each with the elements to skip)."""
+    to them) and the row slices read as buffers (their ids, each with the elements to skip).
+
+    The walk stops where the kernel must read an input: realized memory, a copy, a
+    ``contiguous``, and a reduction over another shape or other axes than ``spec``'s (the
+    kernel of its own that computes it is keyed by its own walk). So a kernel's key is the
+    same wherever in a graph it sits, and keying all kernels of a graph takes time linear in
+    the graph, not in the graph times the kernels."""
     walk: list[Lazy] = []
     index: dict[int, int] = {}
     buffer_first: dict[int, int] = {}
@@ -251,12 +259,16 @@ def _signature(root: Lazy) -> tuple[tuple, list[Lazy], dict[int, int]]:
         hit = index.get(id(node))
         if hit is not None:
             return hit
-        stop = node.realized or node.op is Op.COPY or (node.op is Op.CONTIGUOUS
-                                                       and node is not root)
+        stop = is_boundary(node, root)
         rows = row_slice(node) if not stop and node is not root else None
-        if rows is not None:
+        if not stop and node.op in REDUCE and node is not root and (
+                node.srcs[0].shape != spec.shape or node.arg != spec.reduce_axes):
+            # choose_spec reads these fields of the reductions it meets
+            part: tuple = ("reduced", node.op, node.shape, node.dtype, node.srcs[0].shape,
+                           node.arg)
+        elif rows is not None:
             leaves[id(node)] = rows[3]
-            part: tuple = ("rows", node.shape, node.dtype, rows[3])
+            part = ("rows", node.shape, node.dtype, rows[3])
         elif stop:
             part = ("leaf", node.shape, node.dtype, node.op is Op.COPY,
                            buffer_first.setdefault(id(node.buffer), len(walk))
@@ -469,6 +481,8 @@ def _run_kernel(item: KernelItem) -> None:
     else:
         launch()
     _record(launch)
+    for node in item.fused:
+        node.computed = True
     item.ast.output.set_buffer(launch.buffers[0])
 
 
@@ -518,6 +532,49 @@ def _detach_aliases(target: Lazy, device: Device) -> None:
         node.buffer = own
 
 
+def _keep_old_values(target: Lazy, device: Device) -> None:
+    """Point the computations still pending on ``target`` (through its views) at a copy of
+    its memory as it is now, before a write changes it: intermediate values such as
+    ``out = (w * 3).exp()``, fused into a loss computed earlier but not stored, keep reading
+    the old values when read after an optimizer step. The views themselves (a parameter is a
+    view of its optimizer's flat buffer) keep showing the target."""
+    chain = {id(target)}
+    pending: list[tuple[Lazy, Lazy]] = []  # (computation, the view of target it reads)
+    stack = [target]
+    while stack:
+        node = stack.pop()
+        for ref in node.consumers:
+            c = ref()
+            if c is None or c.realized or not any(s is node for s in c.srcs):
+                continue
+            if c.op in MOVEMENT:
+                if id(c) not in chain:
+                    chain.add(id(c))
+                    stack.append(c)
+            else:
+                pending.append((c, node))
+    if not pending:
+        return
+    assert target.buffer is not None
+    own = alloc_for(device, target.numel, target.dtype)
+    copy = DeviceCopy(device, [own, target.buffer])
+    copy()
+    _record(copy)
+    mirrors = {id(target): Lazy.from_buffer(own, target.shape, target.dtype, target.device)}
+
+    def mirror(node: Lazy) -> Lazy:
+        hit = mirrors.get(id(node))
+        if hit is None:
+            hit = mirrors[id(node)] = Lazy(node.op, (mirror(node.srcs[0]),), node.arg,
+                                           node.shape, node.dtype, node.device)
+        return hit
+
+    for c, view in pending:
+        old = mirror(view)
+        c.srcs = tuple(old if s is view else s for s in c.srcs)
+        old.consumers.append(weakref.ref(c))
+
+
 def realize_into(value: Lazy, target: Lazy) -> None:
     """Compute ``value`` into ``target``'s buffer, in place where every element only reads
     its own position of the target (an optimizer update), else through a temporary.
@@ -531,6 +588,8 @@ def realize_into(value: Lazy, target: Lazy) -> None:
                          f"{target.dtype.name}")
     device = get_device(target.device)
     _detach_aliases(target, device)
+    if not value.realized and row_slice(value) is not None:
+        value = value.contiguous()  # rows of memory read as a buffer have no kernel of their own
     items = [] if value.realized else schedule([value])
     if items and isinstance(items[-1], KernelItem) and items[-1].output is value:
         # the last kernel holds what it needs; cut loose, the nodes value fused in stay alive
@@ -539,6 +598,7 @@ def realize_into(value: Lazy, target: Lazy) -> None:
     readers = pending_readers(target, value)
     if readers:
         run(schedule(readers))
+    _keep_old_values(target, device)
     if value.realized:
         if value.buffer is not target.buffer:
             assert value.buffer is not None

@@ -143,7 +143,7 @@ class Module:
         if isinstance(value, Parameter):
             if params is None:
                 raise AttributeError("cannot assign parameters before Module.__init__() call")
-            self._drop(name)
+            self._drop(name, keep=self._parameters)
             self.register_parameter(name, value)
         elif params is not None and name in params:
             if value is not None:
@@ -153,7 +153,7 @@ class Module:
         elif isinstance(value, Module):
             if params is None:
                 raise AttributeError("cannot assign module before Module.__init__() call")
-            self._drop(name)
+            self._drop(name, keep=self._modules)
             self._modules[name] = value
         elif params is not None and name in self._modules:
             if value is not None:
@@ -168,10 +168,13 @@ class Module:
         else:
             object.__setattr__(self, name, value)
 
-    def _drop(self, name: str) -> None:
+    def _drop(self, name: str, keep: "OrderedDict[str, Any] | None" = None) -> None:
+        """Forget ``name`` everywhere but in ``keep``, the table about to get the new value:
+        a replaced parameter or submodule keeps its place (``seq[0] = m``, state_dict order)."""
         self.__dict__.pop(name, None)
         for table in (self._parameters, self._buffers, self._modules):
-            table.pop(name, None)
+            if table is not keep:
+                table.pop(name, None)
         self._non_persistent_buffers_set.discard(name)
 
     def __getattr__(self, name: str) -> Any:
@@ -219,6 +222,8 @@ class Module:
         if name in self._parameters or name in self._modules or (
                 name in self.__dict__ and name not in self._buffers):
             raise KeyError(f"attribute '{name}' already exists")
+        if tensor is not None:
+            tensor.realize()  # state, computed once here rather than within every step using it
         self._buffers[name] = tensor
         if persistent:
             self._non_persistent_buffers_set.discard(name)

@@ -71,8 +71,9 @@ class Bucket:
 
     def buffer(self, name: str) -> Tensor:
         if name not in self.state:
+            # in memory from the start, so the first step runs the same kernels as the rest
             self.state[name] = zeros(self.flat.shape, dtype=self.flat.dtype,
-                                     device=self.flat.device)
+                                     device=self.flat.device).realize()
         return self.state[name]
 
 
@@ -95,6 +96,10 @@ class Optimizer:
                     raise ValueError("optimizers take tensors that require gradients")
             self.param_groups.append(group)
         self._buckets: dict[tuple, list[Bucket]] = {}
+        # the flat buffers now, not in the first step: that step then runs the kernels of the
+        # steps after it (a realization between backward and the update would change them)
+        for i, group in enumerate(self.param_groups):
+            self._group_buckets(i, list(group["params"]))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for group in self.param_groups:
@@ -119,7 +124,7 @@ class Optimizer:
         """The group's learning rate and step count as one-element device tensors."""
         if "_lr" not in group or group["_lr"].device != device:
             dict.__setitem__(group, "_lr", tensor([float(group["lr"])], device=device))
-            dict.__setitem__(group, "_step", zeros(1, device=device))
+            dict.__setitem__(group, "_step", zeros(1, device=device).realize())
         return group["_lr"], group["_step"]
 
     def step(self) -> None:
@@ -177,6 +182,8 @@ class Optimizer:
             packed = {k: v for k, v in g.items() if k != "params" and not k.startswith("_")}
             packed["params"] = [index[id(p)] for p in g["params"]]
             groups.append(packed)
+        # buckets exist from the start: parameters without state yet have no entry, as in PyTorch
+        state = {k: v for k, v in state.items() if v}
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

@@ -149,3 +149,14 @@ def test_write_errors(device):
     y = ag.tensor([1.0, 2.0, 3.0], device=device)
     with pytest.raises(RuntimeError, match="does not broadcast"):
         y[:2] = ag.tensor([1.0, 2.0, 3.0], device=device)
+
+
+def test_assign_rows_of_another_tensor(device):
+    rng = np.random.default_rng(11)
+    host = rng.standard_normal((8, 3)).astype(np.float32)
+    src = ag.tensor(host, device=device)
+    dst = ag.tensor(rng.standard_normal((4, 3)).astype(np.float32), device=device)
+    dst.assign(src[2:6])               # rows of memory, read as a buffer of their own
+    np.testing.assert_array_equal(dst.numpy(), host[2:6])
+    src.add_(1.0)
+    np.testing.assert_array_equal(dst.numpy(), host[2:6])
