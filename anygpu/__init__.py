@@ -8,7 +8,9 @@
 from anygpu.dtype import (DType, bfloat16, bool_, float16, float32, int8, int32, int64, uint8)
 from anygpu.graph.jit import jit
 from anygpu.ops.grad import enable_grad, no_grad
-from anygpu.ops.linalg import get_float32_matmul_precision, set_float32_matmul_precision
+from anygpu.ops.einsum import einsum
+from anygpu.ops.linalg import cdist, get_float32_matmul_precision, set_float32_matmul_precision
+from anygpu.ops.sorting import bucketize, searchsorted
 from anygpu.runtime.base import DeviceError, OutOfMemoryError, UnsupportedError
 from anygpu.runtime.registry import BackendUnavailable, get_device
 from anygpu.tensor import (Tensor, arange, cat, eye, full, full_like, linspace, manual_seed, ones,
@@ -61,4 +63,5 @@ __all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like
            "nn", "optim", "utils", "set_float32_matmul_precision", "get_float32_matmul_precision",
            "save", "load", "__version__", "Generator", "default_generator", "seed",
            "initial_seed", "get_rng_state", "set_rng_state", "randperm", "multinomial",
-           "bernoulli", "normal", "device", "cpu", "cuda", "opencl", "webgpu", "hip", *_mirrored]
+           "bernoulli", "normal", "device", "cpu", "cuda", "opencl", "webgpu", "hip", "einsum",
+           "cdist", "searchsorted", "bucketize", *_mirrored]

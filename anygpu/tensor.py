@@ -1208,10 +1208,11 @@ class Tensor:
 
 
 def _install_methods() -> None:
-    """The in-place methods (ops/inplace.py) and more composites (ops/composites.py)."""
-    from anygpu.ops import composites, inplace, random
+    """The in-place methods (ops/inplace.py) and more composites (ops/composites.py,
+    ops/sorting.py)."""
+    from anygpu.ops import composites, inplace, random, sorting
     for name, method in {**inplace.methods(), **composites.methods(),
-                         **random.methods()}.items():
+                         **random.methods(), **sorting.methods()}.items():
         setattr(Tensor, name, method)
 
 

@@ -2,7 +2,7 @@
 # The whole GPU check, on a machine with an NVIDIA GPU: the test suite on cuda, opencl (the NVIDIA
 # OpenCL driver) and webgpu (NVIDIA Vulkan), then the benchmarks. Results go to $OUT (default
 # ./gpu-results): devices.txt, tests-<backend>.txt, bench.txt, bench.json, bench-jit.txt,
-# bench-gemm.txt, bench-conv.txt, bench-norm.txt.
+# bench-gemm.txt, bench-conv.txt, bench-norm.txt, bench-loops.txt.
 #
 # Optional inputs in the repository root: .whl/ (wheels for packages the machine lacks, e.g.
 # pyopencl and wgpu, installed into /tmp/site) and .gl/ (Debian packages of the Vulkan loader).
@@ -47,6 +47,8 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     | tee "$out/bench-gemm.txt" || status=1
   python3 benchmarks/bench_conv.py --device cuda 2>&1 | tee "$out/bench-conv.txt" || status=1
   python3 benchmarks/bench_norm.py --device cuda 2>&1 | tee "$out/bench-norm.txt" || status=1
+  python3 benchmarks/bench_loops.py --device cuda opencl webgpu --steps 12 2>&1 \
+    | tee "$out/bench-loops.txt" || status=1
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
   for backend in ${BACKENDS:-cuda opencl webgpu}; do

@@ -85,6 +85,8 @@ def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "fails_on(backend, reason): a known failure of the "
                             "library on that backend, run as a strict xfail there")
+    config.addinivalue_line("markers", "slow: minutes on a 2-core machine with a cold kernel "
+                            "cache (whole training programs); -m 'not slow' leaves them out")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -13,17 +13,21 @@ functional forms, ``anygpu.nn.init`` the initializations, ``anygpu.nn.state`` sa
 """
 
 from anygpu.nn import functional, utils, init, state
-from anygpu.nn.layers import (GELU, Conv2d, ConvTranspose2d, Dropout, Embedding, Flatten,
-                              Identity, LeakyReLU, Linear, LogSoftmax, ReLU, Sigmoid, SiLU,
-                              Softmax, Tanh, Unflatten)
+from anygpu.nn.layers import (GELU, Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d, Dropout,
+                              Embedding, Flatten, Identity, LeakyReLU, Linear, LogSoftmax, PReLU,
+                              ReLU, Sigmoid, SiLU, Softmax, Tanh, Unflatten)
 from anygpu.nn.loss import BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss, NLLLoss
-from anygpu.nn.containers import ModuleDict, ModuleList, Sequential
+from anygpu.nn.containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
+from anygpu.nn.distance import CosineSimilarity, PairwiseDistance
+from anygpu.nn.upsampling import Upsample, UpsamplingBilinear2d, UpsamplingNearest2d
 from anygpu.nn.module import Module, Parameter
 from anygpu.nn.attention import MultiheadAttention
 from anygpu.nn.transformer import (TransformerDecoderLayer, TransformerEncoder,
                                    TransformerEncoderLayer)
 from anygpu.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RMSNorm
 from anygpu.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from anygpu.nn.rnn import (GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell,
+                            RNNCellBase)
 
 __all__ = ["functional", "init", "state", "utils", "Module", "Parameter", "Sequential",
            "ModuleList", "ModuleDict", "Identity", "Linear", "Conv2d", "ConvTranspose2d",
@@ -32,4 +36,7 @@ __all__ = ["functional", "init", "state", "utils", "Module", "Parameter", "Seque
            "RMSNorm", "GroupNorm", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
            "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "BCEWithLogitsLoss",
            "MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer",
-           "TransformerEncoder"]
+           "TransformerEncoder", "Conv1d", "ConvTranspose1d", "PReLU", "ParameterList",
+           "ParameterDict", "CosineSimilarity", "PairwiseDistance", "Upsample",
+           "UpsamplingNearest2d", "UpsamplingBilinear2d", "RNNBase", "RNN", "LSTM", "GRU",
+           "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]

@@ -17,7 +17,9 @@ import numpy as np
 from anygpu import dtype as dt
 from anygpu.ops.grad import is_grad_enabled
 from anygpu.ops.linalg import get_float32_matmul_precision
-from anygpu.tensor import Tensor, arange, cat, rand, realize, tensor, where
+from anygpu.tensor import Tensor, arange, cat, rand, realize, stack, tensor, where
+from anygpu.nn.distance import cosine_similarity, normalize, pairwise_distance
+from anygpu.nn.upsampling import interpolate
 
 IntPair = Union[int, Sequence[int]]
 
@@ -94,6 +96,43 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: In
         pad = _pair(padding, "padding")
     x = input.pad([pad[1], pad[1], pad[0], pad[0]]) if pad != (0, 0) else input
     return _conv(x, weight, bias, st, dil, groups)
+
+
+def _single(v: IntPair, name: str) -> int:
+    if isinstance(v, int):
+        return v
+    t = tuple(int(x) for x in v)
+    if len(t) != 1:
+        raise ValueError(f"{name} must be an int or a 1-tuple, got {v!r}")
+    return t[0]
+
+
+def _batched1d(x: Tensor, weight: Tensor, name: str) -> tuple[Tensor, bool]:
+    """(N, C, L) from a 2-D (C, L) or 3-D input, and whether a batch axis was added."""
+    if x.ndim not in (2, 3):
+        raise ValueError(f"Expected 2D (unbatched) or 3D (batched) input to {name}, but got "
+                         f"input of size: {list(x.shape)}")
+    if weight.ndim != 3:
+        raise ValueError(f"{name} expects a 3-D weight, got {weight.shape}")
+    return (x.unsqueeze(0), True) if x.ndim == 2 else (x, False)
+
+
+def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntPair = 1,
+           padding: IntPair | str = 0, dilation: IntPair = 1, groups: int = 1) -> Tensor:
+    """1-D convolution of (N, C, L) or unbatched (C, L) with (O, C/groups, K): ``conv2d`` of
+    a height-1 image, so it runs through the same kernels. ``padding`` may be 'same' (stride 1)
+    or 'valid'.
+
+    >>> import anygpu as ag
+    >>> from anygpu.nn import functional as F
+    >>> F.conv1d(ag.randn(2, 4, 11), ag.randn(6, 2, 3), stride=2, groups=2).shape
+    (2, 6, 5)
+    """
+    x, unbatched = _batched1d(input, weight, "conv1d")
+    pad = padding if isinstance(padding, str) else (0, _single(padding, "padding"))
+    out = conv2d(x.unsqueeze(2), weight.unsqueeze(2), bias, (1, _single(stride, "stride")), pad,
+                 (1, _single(dilation, "dilation")), groups).squeeze(2)
+    return out.squeeze(0) if unbatched else out
 
 
 def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int, int],
@@ -264,6 +303,35 @@ def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -
     return x.leaky_relu(negative_slope)
 
 
+def prelu(input: Tensor, weight: Tensor) -> Tensor:
+    """``x`` where positive, else ``weight * x``, with one weight, or one per channel (axis 1;
+    an input of fewer than 2 dimensions has one channel).
+
+    >>> import anygpu as ag
+    >>> from anygpu.nn import functional as F
+    >>> F.prelu(ag.tensor([[-2.0, 3.0]]), ag.tensor([0.25])).tolist()
+    [[-0.5, 3.0]]
+    """
+    if input.dtype != weight.dtype:
+        raise RuntimeError(f"prelu: Type promoting not supported. Got {input.dtype.name} and "
+                           f"{weight.dtype.name}")
+    count = weight.numel()
+    if count != 1:
+        if input.ndim == 0:
+            raise RuntimeError("Not allow zero-dim input tensor.")
+        channels = input.shape[1] if input.ndim > 1 else 1
+        if channels != count:
+            raise RuntimeError(f"Mismatch of parameter numbers and input channel size. Found "
+                               f"parameter numbers = {count} and channel size = {channels}.")
+    if weight.ndim > 1:
+        raise RuntimeError(f"prelu: Expected `weight` to be a scalar or 1D tensor, but got: "
+                           f"ndim = {weight.ndim}")
+    view = [1] * input.ndim
+    if input.ndim > 1:
+        view[1] = count
+    return where(input.gt(0), input, weight.reshape(view) * input)
+
+
 def tanh(x: Tensor) -> Tensor:
     return x.tanh()
 
@@ -304,6 +372,26 @@ def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None,
     g = groups
     wt = weight.reshape(g, c // g, og, kh, kw).transpose(1, 2).reshape(g * og, c // g, kh, kw)
     out = _conv(x, wt.flip(2, 3), bias, (1, 1), (dh, dw), g)
+    return out.squeeze(0) if unbatched else out
+
+
+def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None,
+                     stride: IntPair = 1, padding: IntPair = 0, output_padding: IntPair = 0,
+                     groups: int = 1, dilation: IntPair = 1) -> Tensor:
+    """The gradient of ``conv1d`` with respect to its input, weight (C_in, C_out/groups, K),
+    input (N, C_in, L) or unbatched (C_in, L): ``conv_transpose2d`` of a height-1 image.
+
+    >>> import anygpu as ag
+    >>> from anygpu.nn import functional as F
+    >>> F.conv_transpose1d(ag.randn(1, 4, 5), ag.randn(4, 3, 3), stride=2, padding=1,
+    ...                    output_padding=1).shape
+    (1, 3, 10)
+    """
+    x, unbatched = _batched1d(input, weight, "conv_transpose1d")
+    out = conv_transpose2d(x.unsqueeze(2), weight.unsqueeze(2), bias,
+                           (1, _single(stride, "stride")), (0, _single(padding, "padding")),
+                           (0, _single(output_padding, "output_padding")), groups,
+                           (1, _single(dilation, "dilation"))).squeeze(2)
     return out.squeeze(0) if unbatched else out
 
 
@@ -548,6 +636,32 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None,
     return out
 
 
+def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
+    """int64 (..., num_classes), 1 where the last index equals the class in ``tensor``
+    (int64). ``num_classes=-1`` reads the largest class back from the device (and checks that
+    none is negative); a given ``num_classes`` reads nothing, and a class outside it gives a
+    row of zeros where PyTorch on the processor raises.
+
+    >>> import anygpu as ag
+    >>> from anygpu.nn import functional as F
+    >>> F.one_hot(ag.tensor([0, 2]), 3).tolist()
+    [[1, 0, 0], [0, 0, 1]]
+    """
+    if tensor.dtype != dt.int64:
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    if tensor.numel() == 0 and num_classes <= 0:
+        raise RuntimeError("Can not infer total number of classes from empty tensor.")
+    if num_classes == -1:
+        low, high = stack([tensor.min(), tensor.max()]).tolist()
+        if low < 0:
+            raise RuntimeError("Class values must be non-negative.")
+        num_classes = int(high) + 1
+    elif num_classes < 1 and tensor.numel():  # every class is out of range: PyTorch raises
+        raise RuntimeError("Class values must be smaller than num_classes.")
+    classes = arange(num_classes, device=tensor.device, dtype=dt.int64)
+    return tensor.unsqueeze(-1).eq(classes).cast(dt.int64)
+
+
 def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
             ) -> Tensor:
     """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)``."""
@@ -731,4 +845,5 @@ __all__ = ["conv2d", "conv_transpose2d", "linear", "relu", "gelu", "silu", "sigm
            "leaky_relu", "softmax", "log_softmax", "pad", "unfold2d", "where", "max_pool2d",
            "avg_pool2d", "adaptive_avg_pool2d", "batch_norm", "layer_norm", "rms_norm",
            "group_norm", "embedding", "dropout", "cross_entropy", "nll_loss", "mse_loss",
-           "l1_loss", "binary_cross_entropy_with_logits"]
+           "l1_loss", "binary_cross_entropy_with_logits", "conv1d", "conv_transpose1d", "prelu",
+           "one_hot", "interpolate", "normalize", "cosine_similarity", "pairwise_distance"]

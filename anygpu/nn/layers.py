@@ -8,14 +8,15 @@ from typing import Any, Sequence
 
 from anygpu.nn import functional as F
 from anygpu.nn import init
+from anygpu.nn import init as _init  # PReLU's argument "init" hides the module's name
 from anygpu.nn.module import Module, Parameter
 from anygpu.tensor import Tensor, arange, where
 
 IntPair = int | tuple[int, int]
 
 
-def _pair(v: Any) -> tuple[int, int]:
-    return (int(v), int(v)) if isinstance(v, int) else tuple(int(x) for x in v)  # type: ignore
+def _ntuple(v: Any, n: int) -> tuple[int, ...]:
+    return (int(v),) * n if isinstance(v, int) else tuple(int(x) for x in v)
 
 
 class Identity(Module):
@@ -70,9 +71,11 @@ class Linear(Module):
 
 
 class _ConvNd(Module):
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: IntPair,
-                 stride: IntPair, padding: IntPair | str, dilation: IntPair, transposed: bool,
-                 output_padding: IntPair, groups: int, bias: bool, padding_mode: str,
+    _dims = 2  # spatial axes
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any,
+                 stride: Any, padding: Any, dilation: Any, transposed: bool,
+                 output_padding: Any, groups: int, bias: bool, padding_mode: str,
                  device: str | None, dtype: Any) -> None:
         super().__init__()
         if groups <= 0:
@@ -85,8 +88,9 @@ class _ConvNd(Module):
             raise ValueError(f"padding_mode must be one of 'zeros', 'reflect', 'replicate' or "
                              f"'circular', but got padding_mode='{padding_mode}'")
         self.in_channels, self.out_channels = in_channels, out_channels
-        self.kernel_size, self.stride = _pair(kernel_size), _pair(stride)
-        self.dilation = _pair(dilation)
+        n = self._dims
+        self.kernel_size, self.stride = _ntuple(kernel_size, n), _ntuple(stride, n)
+        self.dilation = _ntuple(dilation, n)
         if isinstance(padding, str):
             if padding not in ("same", "valid"):
                 raise ValueError(f"Invalid padding string {padding!r}, should be one of "
@@ -95,9 +99,9 @@ class _ConvNd(Module):
                 raise ValueError("padding='same' is not supported for strided convolutions")
             self.padding: Any = padding
         else:
-            self.padding = _pair(padding)
+            self.padding = _ntuple(padding, n)
         self.transposed = transposed
-        self.output_padding = _pair(output_padding)
+        self.output_padding = _ntuple(output_padding, n)
         self.groups = groups
         self.padding_mode = padding_mode
         # F.pad order (last axis first) of the padding that padding_mode applies
@@ -108,7 +112,7 @@ class _ConvNd(Module):
                 pads += [total // 2, total - total // 2]
             self._reversed_padding_repeated_twice = pads
         elif padding == "valid":
-            self._reversed_padding_repeated_twice = [0, 0, 0, 0]
+            self._reversed_padding_repeated_twice = [0, 0] * n
         else:
             self._reversed_padding_repeated_twice = [p for p in reversed(self.padding)
                                                      for _ in range(2)]
@@ -147,6 +151,36 @@ class _ConvNd(Module):
         return s
 
 
+class Conv1d(_ConvNd):
+    """1-D convolution over (N, C, L) or unbatched (C, L) with weight (out, in/groups, k).
+
+    >>> import anygpu as ag
+    >>> m = Conv1d(4, 6, 3, stride=2, padding=1, groups=2)
+    >>> m(ag.randn(2, 4, 11)).shape
+    (2, 6, 6)
+    """
+
+    _dims = 1
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int | tuple[int],
+                 stride: int | tuple[int] = 1, padding: int | tuple[int] | str = 0,
+                 dilation: int | tuple[int] = 1, groups: int = 1, bias: bool = True,
+                 padding_mode: str = "zeros", device: str | None = None,
+                 dtype: Any = None) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         False, 0, groups, bias, padding_mode, device, dtype)
+
+    def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        if self.padding_mode != "zeros":
+            x = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+            return F.conv1d(x, weight, bias, self.stride, 0, self.dilation, self.groups)
+        return F.conv1d(input, weight, bias, self.stride, self.padding, self.dilation,
+                        self.groups)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return self._conv_forward(input, self.weight, self.bias)
+
+
 class Conv2d(_ConvNd):
     """2-D convolution over (N, C, H, W) with weight (out, in/groups, kH, kW).
 
@@ -176,7 +210,74 @@ class Conv2d(_ConvNd):
         return self._conv_forward(input, self.weight, self.bias)
 
 
-class ConvTranspose2d(_ConvNd):
+class _ConvTransposeNd(_ConvNd):
+    """What the transposed convolutions share: zero padding only, and ``output_size``."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any,
+                 padding: Any, output_padding: Any, groups: int, bias: bool, dilation: Any,
+                 padding_mode: str, device: str | None, dtype: Any) -> None:
+        if padding_mode != "zeros":
+            raise ValueError(f'Only "zeros" padding mode is supported for {type(self).__name__}')
+        if isinstance(padding, str):
+            raise ValueError(f"{type(self).__name__} does not support string padding")
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         True, output_padding, groups, bias, padding_mode, device, dtype)
+
+    def _output_padding(self, input: Tensor, output_size: Sequence[int] | None
+                        ) -> tuple[int, ...]:
+        if output_size is None:
+            return self.output_padding
+        k = self._dims
+        lead = 2 if input.ndim == k + 2 else 1  # batch and channels, or channels
+        size = [int(s) for s in output_size]
+        if len(size) == lead + k:
+            size = size[lead:]
+        if len(size) != k:
+            raise ValueError(f"ConvTranspose{k}D: for {input.ndim}D input, output_size must "
+                             f"have {k} or {lead + k} elements (got {len(output_size)})")
+        out = []
+        for d in range(k):
+            n = input.shape[input.ndim - k + d]
+            smallest = ((n - 1) * self.stride[d] - 2 * self.padding[d]
+                        + self.dilation[d] * (self.kernel_size[d] - 1) + 1)
+            largest = smallest + self.stride[d] - 1
+            if not smallest <= size[d] <= largest:
+                raise ValueError(f"requested an output size of {size}, but valid sizes range "
+                                 f"from {smallest} to {largest} (for an input of "
+                                 f"{input.shape[input.ndim - k:]})")
+            out.append(size[d] - smallest)
+        return tuple(out)
+
+
+
+class ConvTranspose1d(_ConvTransposeNd):
+    """Transposed 1-D convolution (the gradient of Conv1d), weight (in, out/groups, k).
+    ``forward(input, output_size=None)``: ``output_size`` picks among the lengths a stride > 1
+    makes possible.
+
+    >>> import anygpu as ag
+    >>> m = ConvTranspose1d(4, 2, 3, stride=2, padding=1)
+    >>> m(ag.randn(1, 4, 5), output_size=[10]).shape
+    (1, 2, 10)
+    """
+
+    _dims = 1
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int | tuple[int],
+                 stride: int | tuple[int] = 1, padding: int | tuple[int] = 0,
+                 output_padding: int | tuple[int] = 0, groups: int = 1, bias: bool = True,
+                 dilation: int | tuple[int] = 1, padding_mode: str = "zeros",
+                 device: str | None = None, dtype: Any = None) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding,
+                         output_padding, groups, bias, dilation, padding_mode, device, dtype)
+
+    def forward(self, input: Tensor, output_size: Sequence[int] | None = None) -> Tensor:
+        op = self._output_padding(input, output_size)
+        return F.conv_transpose1d(input, self.weight, self.bias, self.stride, self.padding, op,
+                                  self.groups, self.dilation)
+
+
+class ConvTranspose2d(_ConvTransposeNd):
     """Transposed 2-D convolution (the gradient of Conv2d), weight (in, out/groups, kH, kW).
     ``forward(input, output_size=None)``: ``output_size`` picks among the sizes a stride > 1
     makes possible.
@@ -192,32 +293,8 @@ class ConvTranspose2d(_ConvNd):
                  groups: int = 1, bias: bool = True, dilation: IntPair = 1,
                  padding_mode: str = "zeros", device: str | None = None,
                  dtype: Any = None) -> None:
-        if padding_mode != "zeros":
-            raise ValueError(f'Only "zeros" padding mode is supported for {type(self).__name__}')
-        if isinstance(padding, str):
-            raise ValueError("ConvTranspose2d does not support string padding")
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         True, output_padding, groups, bias, padding_mode, device, dtype)
-
-    def _output_padding(self, input: Tensor, output_size: Sequence[int] | None
-                        ) -> tuple[int, int]:
-        if output_size is None:
-            return self.output_padding
-        size = [int(s) for s in output_size][-2:]
-        if len(size) != 2:
-            raise ValueError(f"output_size must have 2 or 4 elements (got {len(output_size)})")
-        out = []
-        for d in range(2):
-            n = input.shape[input.ndim - 2 + d]
-            smallest = ((n - 1) * self.stride[d] - 2 * self.padding[d]
-                        + self.dilation[d] * (self.kernel_size[d] - 1) + 1)
-            largest = smallest + self.stride[d] - 1
-            if not smallest <= size[d] <= largest:
-                raise ValueError(f"requested an output size of {size}, but valid sizes range "
-                                 f"from {smallest} to {largest} (for an input of "
-                                 f"{input.shape[2:]})")
-            out.append(size[d] - smallest)
-        return out[0], out[1]
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding,
+                         output_padding, groups, bias, dilation, padding_mode, device, dtype)
 
     def forward(self, input: Tensor, output_size: Sequence[int] | None = None) -> Tensor:
         op = self._output_padding(input, output_size)
@@ -435,6 +512,34 @@ class LeakyReLU(Module):
                                                           else "")
 
 
+class PReLU(Module):
+    """``x`` if positive, else ``weight * x``: a learned slope, one for all channels or one
+    per channel (axis 1), initialized to ``init``.
+
+    >>> import anygpu as ag
+    >>> m = PReLU(3)
+    >>> m.weight.tolist(), m(-ag.ones(2, 3)).tolist()
+    ([0.25, 0.25, 0.25], [[-0.25, -0.25, -0.25], [-0.25, -0.25, -0.25]])
+    """
+
+    def __init__(self, num_parameters: int = 1, init: float = 0.25, device: str | None = None,
+                 dtype: Any = None) -> None:
+        super().__init__()
+        self.num_parameters = num_parameters
+        self.init = init
+        self.weight = Parameter(_init._empty((num_parameters,), device, dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.constant_(self.weight, self.init)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.prelu(input, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.num_parameters}"
+
+
 def _softmax_dim(ndim: int) -> int:
     # PyTorch's legacy choice when no dim is given
     return 0 if ndim in (0, 1, 3) else 1
@@ -475,4 +580,4 @@ class LogSoftmax(Module):
 
 __all__ = ["Identity", "Linear", "Conv2d", "ConvTranspose2d", "Embedding", "Dropout", "Flatten",
            "Unflatten", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "LeakyReLU", "Softmax",
-           "LogSoftmax"]
+           "LogSoftmax", "Conv1d", "ConvTranspose1d", "PReLU"]

@@ -230,6 +230,26 @@ def _std_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") ->
     return (std.eq(0)._select(g._const_like(0).expand(x.shape), grad),)
 
 
+def _sort_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    """sort's values: each gradient goes back to the position its value came from."""
+    from anygpu.ops.sorting import unsort
+
+    axis, indices = arg
+    return (unsort(g, axis, indices),)
+
+
+def _scatter_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    from anygpu.ops.indexing import scatter_grad
+
+    return scatter_grad(out, ps, arg, g)
+
+
+def _cdist_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    from anygpu.ops.linalg import cdist_grad
+
+    return cdist_grad(out, ps, arg, g)
+
+
 RULES: dict[Any, Rule] = {
     Op.NEG: lambda out, ps, arg, g: (-g,),
     Op.EXP2: lambda out, ps, arg, g: (g * out * math.log(2),),
@@ -261,6 +281,7 @@ RULES: dict[Any, Rule] = {
     "pow": _pow_grad,
     "sign": lambda out, ps, arg, g: (g._const_like(0),),
     "step": lambda out, ps, arg, g: tuple(_reduce_to(g._const_like(0), p.shape) for p in ps),
+    "zero": lambda out, ps, arg, g: tuple(p._const_like(0) for p in ps),
     "abs": lambda out, ps, arg, g: (g * (ps[0].gt(0).cast(g.dtype) - ps[0].lt(0).cast(g.dtype)),),
     "log1p": lambda out, ps, arg, g: (g / (ps[0] + 1),),
     "expm1": lambda out, ps, arg, g: (g * (out + 1),),
@@ -271,6 +292,9 @@ RULES: dict[Any, Rule] = {
     "max_first": _max_first_grad,
     "max_pool2d": _max_pool2d_grad,
     "std": _std_grad,
+    "sort": _sort_grad,
+    "scatter": _scatter_grad,
+    "cdist": _cdist_grad,
 }
 # comparisons, logic, integer division and bit ops have bool or integer results: no gradient flows
 NOT_DIFFERENTIABLE = {Op.CMPLT, Op.CMPEQ, Op.AND, Op.OR, Op.XOR, Op.NOT, Op.IDIV, Op.SHL, Op.SHR}

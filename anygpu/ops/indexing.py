@@ -1,5 +1,6 @@
 """Indexing composites: basic slicing through movement ops, advanced indexing and ``gather``
-through the GATHER primitive, ``scatter_add`` as a one-hot reduction."""
+through the GATHER primitive; ``scatter_add``, ``scatter`` and ``scatter_reduce`` as one-hot
+reductions (no atomics: the same result on every backend and every run)."""
 
 from __future__ import annotations
 
@@ -226,4 +227,168 @@ def scatter_add(x: "Tensor", dim: int, index: "Tensor", src: "Tensor") -> "Tenso
     return out.transpose(axis, -1)
 
 
-__all__ = ["getitem", "gather", "index_select", "scatter_add"]
+def _one_hot(x: "Tensor", axis: int, index: Any, src: "Tensor | None",
+             name: str) -> tuple["Tensor", "Tensor", "Tensor | None"]:
+    """``x`` with ``axis`` last (..., n), and hit[..., r, i]: index element i (its own axis
+    last, padded to x's other sizes) names position r; with ``src``, src cut to index's shape
+    in the same layout (..., m). Indices outside [0, n) hit nothing."""
+    from anygpu.tensor import Tensor, arange, full
+
+    if not isinstance(index, Tensor):
+        index = Tensor(np.asarray(index), device=x.device)
+    if index.dtype.is_float or index.dtype.is_bool:
+        raise RuntimeError(f"{name}(): Expected dtype int64 for index")
+    if index.ndim != max(x.ndim, 1) and not (index.ndim == 0 and x.ndim == 0):
+        raise RuntimeError(f"Index tensor must have the same number of dimensions as self "
+                           f"tensor ({index.ndim} and {x.ndim})")
+    if x.ndim == 0:  # a 0-d tensor scatters like a tensor of one element
+        out, hit, cut = _one_hot(x.reshape(1), 0, index.reshape(1),
+                                 None if src is None else src.reshape(1), name)
+        return out, hit, cut
+    if src is not None:
+        if src.ndim != index.ndim:
+            raise RuntimeError(f"Index tensor must have the same number of dimensions as src "
+                               f"tensor ({index.ndim} and {src.ndim})")
+        if any(i > s for i, s in zip(index.shape, src.shape)):
+            raise RuntimeError(f"Expected index {list(index.shape)} to be no larger than src "
+                               f"{list(src.shape)} apart from dimension {axis}")
+    if any(i > s for a, (i, s) in enumerate(zip(index.shape, x.shape)) if a != axis):
+        raise RuntimeError(f"Expected index {list(index.shape)} to be no larger than self "
+                           f"{list(x.shape)} apart from dimension {axis}")
+    xt, it = x.transpose(axis, -1), index.transpose(axis, -1)
+    pads: list[int] = [0, 0]
+    for a in reversed(range(xt.ndim - 1)):
+        pads += [0, xt.shape[a] - it.shape[a]]
+    n = xt.shape[-1]
+    valid = full(it.shape, True, dt.bool_, x.device).pad(pads)
+    rows = arange(n, device=x.device, dtype=it.dtype).reshape(n, 1)
+    hit = it.pad(pads).unsqueeze(-2).eq(rows).logical_and(valid.unsqueeze(-2))  # (..., n, m)
+    cut = None
+    if src is not None:
+        cut = src.shrink([(0, k) for k in index.shape]).transpose(axis, -1).pad(pads)
+    return xt, hit, cut
+
+
+def _finish(out: "Tensor", x: "Tensor", axis: int) -> "Tensor":
+    return out.reshape(()) if x.ndim == 0 else out.transpose(axis, -1)
+
+
+def scatter(x: "Tensor", dim: int, index: Any, src: Any = None, value: Any = None,
+            reduce: str | None = None) -> "Tensor":
+    """PyTorch's ``scatter``: ``out = x``, then ``out[..., index[i], ...] = src[i]`` along
+    ``dim`` (or the number ``value``). Where several indices name one position, the last of
+    them along ``dim`` wins (PyTorch leaves that undefined; its cpu backend does the same);
+    indices outside the axis are ignored (PyTorch raises). ``reduce="add"``/``"multiply"`` are
+    ``scatter_reduce``'s "sum" and "prod". Gradients as PyTorch's: the positions written lose
+    theirs, and every element of ``src`` gets the gradient of the position it names.
+
+    >>> import anygpu as ag
+    >>> ag.zeros(2, 3).scatter(1, ag.tensor([[2], [0]]), 1.0).tolist()
+    [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+    >>> ag.zeros(4).scatter(0, ag.tensor([3, 1, 3]), ag.tensor([5.0, 6.0, 7.0])).tolist()
+    [0.0, 6.0, 0.0, 7.0]
+    """
+    from anygpu.tensor import Tensor, _axis, arange
+
+    if src is None:
+        src = value
+    if src is None:
+        raise TypeError("scatter() needs src or value")
+    if reduce is not None:
+        modes = {"add": "sum", "multiply": "prod"}
+        if reduce not in modes:
+            raise RuntimeError(f"reduce argument must be either add or multiply, got {reduce}")
+        if not isinstance(src, Tensor):
+            src = x._const_like(src).cast(x.dtype).expand(index.shape) if isinstance(
+                index, Tensor) else Tensor(np.full(np.shape(index), src), device=x.device)
+        return scatter_reduce(x, dim, index, src, modes[reduce])
+    axis = _axis(dim, x.ndim)
+    if not isinstance(src, Tensor):  # a number: every named position becomes it
+        xt, hit, _ = _one_hot(x, axis, index, None, "scatter")
+        named = hit._max((hit.ndim - 1,), keepdim=False)
+        return _finish(named._select(xt._const_like(src, shape=()).cast(x.dtype), xt), x, axis)
+    index_t = index if isinstance(index, Tensor) else Tensor(np.asarray(index), device=x.device)
+
+    def compute() -> "Tensor":
+        xt, hit, cut = _one_hot(x, axis, index_t, src, "scatter")
+        assert cut is not None
+        m = cut.shape[-1]
+        # the last index along the axis that names each position, or -1
+        last = hit._select(arange(m, device=x.device, dtype=dt.int32).reshape(1, m), -1)._max(
+            (hit.ndim - 1,), keepdim=False)
+        taken = cut.cast(x.dtype).gather(-1, last.maximum(0))
+        return _finish(last.ge(0)._select(taken, xt), x, axis)
+    return x._custom("scatter", (src,), (axis, index_t), compute)
+
+
+def scatter_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> tuple:
+    """PyTorch's rule for ``scatter``: x's gradient where nothing was written, and for each
+    element of src the gradient at the position it names (src beyond index's shape: 0)."""
+    x, src = ps
+    axis, index = arg
+    gx = scatter(g, axis, index, 0.0) if x.requires_grad else None
+    gs = None
+    if src.requires_grad:
+        gs = g.gather(axis, index) if g.ndim else g.reshape(())
+        gs = gs.pad([w for a in reversed(range(src.ndim))
+                     for w in (0, src.shape[a] - index.shape[a])]).cast(src.dtype)
+    return gx, gs
+
+
+_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
+
+
+def scatter_reduce(x: "Tensor", dim: int, index: Any, src: "Tensor", reduce: str,
+                   include_self: bool = True) -> "Tensor":
+    """PyTorch's ``scatter_reduce``: each position of ``x`` named by ``index`` along ``dim``
+    becomes the reduction ("sum", "prod", "mean", "amax", "amin") of the ``src`` elements that
+    name it, and of its own value with ``include_self``. One reduction over a one-hot
+    (..., n, m + 1) layout per row, x's own value as the last column, so gradients are those
+    of the reduction (amax and amin split among equal values, x's included, as PyTorch's).
+    Integer means round down, as PyTorch's.
+
+    >>> import anygpu as ag
+    >>> x = ag.tensor([1.0, 2.0, 3.0])
+    >>> x.scatter_reduce(0, ag.tensor([0, 0, 2]), ag.tensor([4.0, 5.0, 6.0]), "amax").tolist()
+    [5.0, 2.0, 6.0]
+    >>> x.scatter_reduce(0, ag.tensor([0, 0]), ag.tensor([4.0, 5.0]), "mean", False).tolist()
+    [4.5, 2.0, 3.0]
+    """
+    from anygpu.tensor import _axis, arange
+
+    if reduce not in _REDUCTIONS:
+        raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got "
+                           f"{reduce}")
+    axis = _axis(dim, x.ndim)
+    xt, hit, cut = _one_hot(x, axis, index, src, "scatter_reduce")
+    assert cut is not None
+    cut = cut.cast(x.dtype)
+    flip = reduce == "amin"
+    if flip:  # through amax of the order reversed (-x; ~x for integers)
+        xt, cut = xt._neg_for_min(), cut._neg_for_min()
+    identity = {"sum": 0, "mean": 0, "prod": 1}.get(reduce, dt.min_value(xt.dtype))
+    m = cut.shape[-1]
+    own = arange(m + 1, device=x.device, dtype=dt.int32).eq(m)  # the last column: x itself
+    terms = hit.pad((0, 1)).logical_or(own.logical_and(include_self))
+    values = own._select(xt.unsqueeze(-1), cut.unsqueeze(-2).pad((0, 1)))
+    values = terms._select(values, values._const_like(identity, shape=()))
+    last = values.ndim - 1
+    if reduce == "prod":
+        out = values._reduce(Op.PROD, (last,))
+    elif reduce in ("amax", "amin"):
+        out = values._max((last,), keepdim=True)
+    else:
+        out = values._reduce(Op.SUM, (last,))
+    out = out.reshape(out.shape[:-1])
+    if reduce == "mean":
+        count = terms.cast(dt.int32)._reduce(Op.SUM, (last,)).reshape(out.shape).maximum(1)
+        out = out / count.cast(out.dtype) if out.dtype.is_float else out.floor_divide(count)
+    if flip:
+        out, xt = out._neg_for_min(), xt._neg_for_min()
+    named = hit._max((hit.ndim - 1,), keepdim=False)
+    out = named._select(out, xt).cast(x.dtype)
+    return _finish(out, x, axis)
+
+
+__all__ = ["getitem", "gather", "index_select", "scatter_add", "scatter", "scatter_reduce",
+           "scatter_grad"]

@@ -24,7 +24,7 @@ import numpy as np
 from anygpu import dtype as dt
 from anygpu.graph.lazy import Lazy
 from anygpu.ops.grad import is_grad_enabled
-from anygpu.ops.indexing import getitem, scatter_add
+from anygpu.ops.indexing import getitem, scatter, scatter_add, scatter_reduce
 from anygpu.ops.primitives import MOVEMENT, Op
 
 if TYPE_CHECKING:
@@ -231,7 +231,7 @@ _SAME_NAME = ["add", "sub", "mul", "div", "pow", "neg", "abs", "sqrt", "rsqrt", 
               "sin", "cos", "tan", "sigmoid", "tanh", "relu", "clamp", "clip", "floor", "ceil",
               "round", "trunc", "sign", "reciprocal", "square", "masked_fill", "fmod",
               "remainder", "floor_divide", "logical_not", "leaky_relu", "erf", "log1p",
-              "expm1", "exp2", "log2", "silu", "gelu", "maximum", "minimum"]
+              "expm1", "exp2", "log2", "silu", "gelu", "maximum", "minimum", "scatter_add"]
 
 
 def _fill(t: "Tensor", value: Any) -> "Tensor":
@@ -286,6 +286,8 @@ _OWN: dict[str, Callable[..., "Tensor"]] = {
     "uniform": _uniform,
     "normal": _normal,
     "bernoulli": _bernoulli,
+    "scatter": scatter,
+    "scatter_reduce": scatter_reduce,
 }
 
 

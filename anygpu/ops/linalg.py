@@ -1,9 +1,11 @@
 """Linear algebra composites. ``matmul`` is a broadcast multiply and a sum over the shared axis,
-which the scheduler turns into one kernel (the tuned GEMM template replaces it for large sizes)."""
+which the scheduler turns into one kernel (the tuned GEMM template replaces it for large sizes).
+``cdist``: distances between two sets of rows."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
 
 from anygpu import dtype as dt
 from anygpu.ops.primitives import Op
@@ -60,3 +62,90 @@ def matmul(a: "Tensor", b: "Tensor") -> "Tensor":
 
 def outer(a: "Tensor", b: "Tensor") -> "Tensor":
     return a.reshape(-1, 1) * b.reshape(1, -1)
+
+
+_CDIST_MODES = ("use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist",
+                "donot_use_mm_for_euclid_dist")
+
+
+def cdist(x1: "Tensor", x2: "Tensor", p: float = 2.0,
+          compute_mode: str = "use_mm_for_euclid_dist_if_necessary") -> "Tensor":
+    """PyTorch's ``cdist``: the p-norm distance between each row of ``x1`` (..., P, M) and each
+    row of ``x2`` (..., R, M), as (..., P, R); batch axes broadcast. For p = 2 with more than 25
+    rows on a side (PyTorch's rule, or ``compute_mode="use_mm_for_euclid_dist"``) it is
+    sqrt(|a|^2 + |b|^2 - 2 a.b) through ``matmul`` (the GEMM templates), else the differences
+    summed directly. The p = 2 gradient is PyTorch's (0 where a distance is 0).
+
+    >>> import anygpu as ag
+    >>> a = ag.tensor([[0.0, 0.0], [3.0, 4.0]])
+    >>> ag.cdist(a, a).tolist(), ag.cdist(a, a, p=1)[0, 1].item()
+    ([[0.0, 5.0], [5.0, 0.0]], 7.0)
+    """
+    from anygpu.tensor import Tensor
+
+    if not isinstance(x1, Tensor) or not isinstance(x2, Tensor):
+        raise TypeError("cdist expects two tensors")
+    for name, x in (("X1", x1), ("X2", x2)):
+        if x.ndim < 2:
+            raise RuntimeError(f"cdist only supports at least 2D tensors, {name} got: {x.ndim}D")
+        if not x.dtype.is_float:
+            raise RuntimeError(f"cdist only supports floating-point dtypes, {name} got: "
+                               f"{x.dtype.name}")
+    if x1.shape[-1] != x2.shape[-1]:
+        raise RuntimeError(f"X1 and X2 must have the same number of columns. X1: "
+                           f"{x1.shape[-1]} X2: {x2.shape[-1]}")
+    if p < 0:
+        raise RuntimeError("cdist only supports non-negative p values")
+    if compute_mode not in _CDIST_MODES:
+        raise RuntimeError(f"{compute_mode} is not a valid value for compute_mode")
+    d = dt.promote(x1.dtype, x2.dtype)
+    x1, x2 = x1.cast(d), x2.cast(d)
+    if p == 2:
+        many = x1.shape[-2] > 25 or x2.shape[-2] > 25
+        use_mm = compute_mode == "use_mm_for_euclid_dist" or (
+            compute_mode == _CDIST_MODES[0] and many)
+        return x1._custom("cdist", (x2,), 2, lambda: _euclidean(x1, x2, use_mm))
+    diff = (x1.unsqueeze(-2) - x2.unsqueeze(-3)).abs()  # (..., P, R, M)
+    if p == 0:  # a count: zero gradients, as PyTorch's
+        return x1._custom("zero", (x2,), None, lambda: diff.ne(0).cast(d).sum(-1))
+    if p == 1:
+        return diff.sum(-1)
+    if p == math.inf:  # its gradient goes whole to every coordinate at the maximum
+        return x1._custom("cdist", (x2,), p, lambda: diff.amax(-1) if diff.shape[-1]
+                          else diff.sum(-1))
+    # zeros kept out of pow's gradient (its 0 ** negative is infinite): 0 there, as PyTorch's
+    zero = diff.eq(0)
+    powers = zero._select(0.0, zero._select(1.0, diff) ** p)
+    total = powers.sum(-1)
+    empty = total.eq(0)
+    return empty._select(0.0, empty._select(1.0, total) ** (1.0 / p))
+
+
+def _euclidean(x1: "Tensor", x2: "Tensor", use_mm: bool) -> "Tensor":
+    if not use_mm:
+        diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)
+        return (diff * diff).sum(-1).sqrt()
+    square1 = (x1 * x1).sum(-1, keepdim=True)  # (..., P, 1)
+    square2 = (x2 * x2).sum(-1, keepdim=True).transpose(-1, -2)  # (..., 1, R)
+    product = matmul(x1, x2.transpose(-1, -2))
+    return (square1 + square2 - product * 2).maximum(0).sqrt()
+
+
+def cdist_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> tuple:
+    """PyTorch's rules. p = 2: with r = g / d (0 where d = 0), x1 gets x1 * sum(r) - r @ x2 and
+    x2 gets x2 * sum(r) - r^T @ x1. p = inf: each coordinate whose difference is the
+    distance gets the whole gradient, with the difference's sign. Summed over broadcast batch
+    axes."""
+    from anygpu.ops.grad import _reduce_to
+
+    x1, x2 = ps
+    if arg == 2:
+        ratio = out.eq(0)._select(g._const_like(0), g / out)
+        g1 = x1 * ratio.sum(-1, keepdim=True) - matmul(ratio, x2)
+        g2 = x2 * ratio.sum(-2).unsqueeze(-1) - matmul(ratio.transpose(-1, -2), x1)
+    else:
+        diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)  # (..., P, R, M)
+        at_max = diff.abs().eq(out.unsqueeze(-1))
+        part = at_max._select(g.unsqueeze(-1) * diff.sign(), g._const_like(0, shape=()))
+        g1, g2 = part.sum(-2), -part.sum(-3)
+    return _reduce_to(g1, x1.shape), _reduce_to(g2, x2.shape)

@@ -81,7 +81,7 @@ def test_a_plain_training_loop_compiles_nothing_after_its_first_step(device):
     model = _TinyLM(vocab, width, block).to(device)
     opt = ag.optim.AdamW(model.parameters(), lr=1e-2)
     compiled, times, losses = [], [], []
-    for _ in range(10):
+    for _ in range(14):
         start, before = time.perf_counter(), _programs(device)
         ix = ag.randint(len(data) - block - 1, (batch,))
         xb = ag.stack([data[i:i + block] for i in ix])
@@ -94,10 +94,11 @@ def test_a_plain_training_loop_compiles_nothing_after_its_first_step(device):
         losses.append(loss.item())
         compiled.append(_programs(device) - before)
         times.append(time.perf_counter() - start)
-    assert compiled[0] > 0 and compiled[1:] == [0] * 9, compiled
+    assert compiled[0] > 0 and compiled[1:] == [0] * 13, compiled
     assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
     # steady, not growing: the later steps take no longer than the early ones, within 20% (the
-    # best of three each and 5 ms more, against the noise of a shared machine)
+    # best of steps 2-4 against the best of steps 8-14, and 5 ms more, against the bursts of
+    # a shared machine)
     assert min(times[7:]) <= 1.2 * min(times[1:4]) + 5e-3, times
 
 

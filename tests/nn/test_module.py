@@ -318,3 +318,21 @@ def test_training_with_checkpoint_reads_matches_torch(device, port, close, randn
     topt.step()
     for key, value in theirs.state_dict().items():
         close(ours.state_dict()[key], value, atol=1e-5)
+
+
+def test_replacing_a_parameter_or_submodule_keeps_its_place():
+    """A replaced entry stays where it was, as in torch: ``seq[0] = m`` once moved the layer
+    to the end of the Sequential (it ran last) and of state_dict."""
+
+    def build(lib, tensor):
+        seq = lib.Sequential(lib.Linear(2, 3), lib.ReLU(), lib.Linear(3, 1))
+        seq[0] = lib.Linear(2, 3)
+        seq.extra = lib.Parameter(tensor([1.0]))
+        seq.later = lib.Parameter(tensor([2.0]))
+        seq.extra = lib.Parameter(tensor([3.0]))
+        return seq
+
+    ours, theirs = build(nn, ag.tensor), build(tnn, torch.tensor)
+    assert [type(m).__name__ for m in ours] == ["Linear", "ReLU", "Linear"]
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    assert list(ours.state_dict())[:2] == ["extra", "later"]
