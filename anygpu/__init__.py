@@ -5,9 +5,11 @@
 1.0...
 """
 
+from typing import Any
+
 from anygpu.dtype import (DType, bfloat16, bool_, float16, float32, int8, int32, int64, uint8)
 from anygpu.graph.jit import jit
-from anygpu.ops.grad import enable_grad, no_grad
+from anygpu.ops.grad import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from anygpu.ops.einsum import einsum
 from anygpu.ops.linalg import cdist, get_float32_matmul_precision, set_float32_matmul_precision
 from anygpu.ops.sorting import bucketize, searchsorted
@@ -18,11 +20,28 @@ from anygpu.tensor import (Tensor, arange, cat, eye, full, full_like, linspace, 
                            zeros_like)
 
 from anygpu.device import cpu, cuda, device, hip, opencl, webgpu
+
 from anygpu.ops.random import (Generator, bernoulli, default_generator, get_rng_state,
                                initial_seed, multinomial, normal, randperm, seed, set_rng_state)
 
 from anygpu import nn, optim, utils  # noqa: E402  (they use the names above)
 from anygpu.serialization import load, save
+
+
+def from_numpy(array: Any) -> Tensor:
+    """A tensor with ``array``'s values (a copy: later writes into the array are not seen, unlike
+    PyTorch's shared memory; float64 becomes float32)."""
+    return tensor(array)
+
+
+def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
+    """``data`` as a tensor: a Tensor already of that dtype and device is returned as it is,
+    anything else is copied, as ``tensor`` does."""
+    if isinstance(data, Tensor):
+        out = data if dtype is None else data.cast(dtype)
+        return out if device is None else out.to(device)
+    return tensor(data, dtype=dtype, device=device)
+
 
 __version__ = "0.1.0"
 
@@ -63,5 +82,6 @@ __all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like
            "nn", "optim", "utils", "set_float32_matmul_precision", "get_float32_matmul_precision",
            "save", "load", "__version__", "Generator", "default_generator", "seed",
            "initial_seed", "get_rng_state", "set_rng_state", "randperm", "multinomial",
-           "bernoulli", "normal", "device", "cpu", "cuda", "opencl", "webgpu", "hip", "einsum",
+           "bernoulli", "normal", "device", "from_numpy", "as_tensor", "set_grad_enabled",
+           "is_grad_enabled", "inference_mode", "cpu", "cuda", "opencl", "webgpu", "hip", "einsum",
            "cdist", "searchsorted", "bucketize", *_mirrored]

@@ -1191,6 +1191,11 @@ class Tensor:
     def float(self) -> "Tensor":
         return self.cast(dt.float32)
 
+    def double(self) -> "Tensor":
+        """float32: anygpu offers no float64 (see docs/from-pytorch.md), as NumPy float64 data
+        becomes float32."""
+        return self.cast(dt.float32)
+
     def half(self) -> "Tensor":
         return self.cast(dt.float16)
 

@@ -291,8 +291,6 @@ def test_finetune_checkpoint(device: str, tmp_path: Path) -> None:
     report_step_times("finetune_checkpoint", device, got["step_times"], ref["step_times"])
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError,
-                   reason="missing: anygpu.from_numpy, anygpu.set_grad_enabled, Tensor.double")
 def test_transfer_learning_train_model(device: str) -> None:
     """The transfer-learning tutorial's ``train_model`` as written, on a custom-dataset
     tutorial style Dataset."""

@@ -1220,3 +1220,24 @@ def test_signed_zero_constants_and_division_by_zero(device: str) -> None:
     np.testing.assert_array_equal((mask / mask.isnan()).numpy(),
                                   (torch.from_numpy(rows > 0).amax(1, keepdim=True) /
                                    torch.zeros(3, 1, dtype=torch.bool)).numpy())
+
+
+def test_grad_modes_and_conversions():
+    x = ag.tensor(np.random.default_rng(12).standard_normal(3).astype(np.float32),
+                  requires_grad=True)
+    with ag.set_grad_enabled(False):
+        assert not ag.is_grad_enabled() and not (x * 2).requires_grad
+    assert ag.is_grad_enabled() and (x * 2).requires_grad
+    ag.set_grad_enabled(False)
+    try:
+        assert not (x * 2).requires_grad
+    finally:
+        ag.set_grad_enabled(True)
+    with ag.inference_mode():
+        assert not (x * 2).requires_grad
+    host = np.random.default_rng(13).standard_normal(4)
+    got = ag.from_numpy(host)
+    assert got.dtype == ag.float32
+    np.testing.assert_allclose(got.numpy(), host.astype(np.float32))
+    assert ag.as_tensor(got) is got and ag.as_tensor(host, dtype=ag.float16).dtype == ag.float16
+    assert got.double().dtype == ag.float32

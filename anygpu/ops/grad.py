@@ -52,6 +52,32 @@ def enable_grad() -> Iterator[None]:
         _enabled.pop()
 
 
+class set_grad_enabled:
+    """PyTorch's ``set_grad_enabled(mode)``: called, it turns recording on or off from here on;
+    used as ``with set_grad_enabled(mode):``, only within the block.
+
+    >>> import anygpu as ag
+    >>> with ag.set_grad_enabled(False):
+    ...     ag.is_grad_enabled()
+    False
+    """
+
+    def __init__(self, mode: bool):
+        self.previous = _enabled[-1]
+        _enabled[-1] = bool(mode)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        _enabled[-1] = self.previous
+
+
+def inference_mode(mode: bool = True) -> Any:
+    """PyTorch's ``inference_mode``: here the same as ``no_grad()`` (``mode=False``: no change)."""
+    return no_grad() if mode else contextlib.nullcontext()
+
+
 def _unexpand(g: "Tensor", shape: tuple[int, ...]) -> "Tensor":
     axes = tuple(i for i, (a, b) in enumerate(zip(g.shape, shape)) if a != b)
     return g._reduce(Op.SUM, axes) if axes else g
