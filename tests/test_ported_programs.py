@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 
 import anygpu as ag
+from anygpu.runtime.base import DeviceError
+from anygpu.runtime.registry import get_device
 
 torch = pytest.importorskip("torch")
 
@@ -235,8 +237,6 @@ def test_cifar_classifier(device: str) -> None:
 # windows are cut from a slice, train_data = data[:n]) and 10 on opencl (PoCL compiles ~400
 # kernels, half of them for generation's growing context)
 @pytest.mark.slow
-@pytest.mark.fails_on("webgpu", reason="a fused gradient kernel (r_16_22_32) of the AdamW step "
-                      "binds 34 storage buffers; the device allows 32")
 def test_char_transformer(device: str) -> None:
     """nanoGPT's lecture model (hand-written heads with a ``tril`` buffer, LayerNorm,
     AdamW, estimate_loss under no_grad) for 12 steps, then greedy generation."""
@@ -244,6 +244,14 @@ def test_char_transformer(device: str) -> None:
     weights = InitialWeights()
     ref = run_program("char_transformer.py", torch, weights, device="cpu", text=text,
                       draw_offsets=offsets_drawer(torch, seed=4))
+    dev = get_device(device)
+    if getattr(dev, "max_storage_buffers", 64) < 34:
+        # known failure: a fused gradient kernel of the AdamW step binds 34 storage buffers,
+        # more than such a WebGPU adapter allows (lavapipe: 32); the scheduler must split it
+        with pytest.raises(DeviceError, match="binds 34 buffers"):
+            run_program("char_transformer.py", ag, weights, device=device, text=text,
+                        draw_offsets=offsets_drawer(ag, seed=4))
+        return
     got = run_program("char_transformer.py", ag, weights, device=device, text=text,
                       draw_offsets=offsets_drawer(ag, seed=4))
     assert_curves_match(got["train_losses"], ref["train_losses"], 1e-4, "training loss")
