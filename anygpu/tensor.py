@@ -19,7 +19,7 @@ import numpy as np
 from anygpu import dtype as dt
 from anygpu.dtype import DType
 from anygpu.graph import schedule as sched
-from anygpu.graph.lazy import Lazy
+from anygpu.graph.lazy import Lazy, contiguous_run
 from anygpu.ops.grad import is_grad_enabled, no_grad
 from anygpu.ops.primitives import Op
 from anygpu.runtime.registry import canonical, get_device, is_device_name
@@ -933,7 +933,7 @@ class Tensor:
             raise TypeError("logsumexp() needs dim")
         axes = self._axes(axis)
         x = self._float()
-        m = x._max(axes, keepdim=True)
+        m = x._max(axes, keepdim=True).detach()  # the shift changes no gradient
         m = m.isinf()._select(m._const_like(0.0), m)
         out = (x - m).exp().sum(axes, keepdim=True).log() + m
         return x._finish(out, axes, keepdim)
@@ -941,13 +941,14 @@ class Tensor:
     def softmax(self, axis: int = -1, dtype: Any = None, dim: int | None = None) -> "Tensor":
         axis = dim if dim is not None else axis
         x = self.cast(dtype) if dtype is not None else self._float()
-        e = (x - x._max(axis, keepdim=True)).exp()
+        # the shift changes no gradient: detached, backward does no work for it (as PyTorch's)
+        e = (x - x._max(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 
     def log_softmax(self, axis: int = -1, dtype: Any = None, dim: int | None = None) -> "Tensor":
         axis = dim if dim is not None else axis
         x = self.cast(dtype) if dtype is not None else self._float()
-        shifted = x - x._max(axis, keepdim=True)
+        shifted = x - x._max(axis, keepdim=True).detach()
         return shifted - shifted.exp().sum(axis, keepdim=True).log()
 
     def all(self, axis: ShapeLike | None = None, keepdim: bool = False,
@@ -1477,6 +1478,11 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
             out = piece if out is None else out._alu(Op.ADD, piece)
         start += n
     assert out is not None
+    if len(ts) > 1 and out.lazy.op in (Op.ADD, Op.OR):
+        # stored when first computed, as PyTorch stores it, not fused into its readers: a token
+        # list grown by cat and cropped (idx[:, -n:]) is then read as a run of memory, so the
+        # model's kernels do not change with its length
+        out.lazy.keep = True
     return out
 
 
@@ -1492,29 +1498,32 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 
 
 def _rows_of_one_buffer(ts: Sequence[Tensor]) -> tuple[Tensor, list[np.ndarray]] | None:
-    """(the tensor, the rows of each of ``ts``) where every one of ``ts`` is a run of rows
-    ``x[a:b]`` of one realized tensor ``x`` that needs no gradient. Then ``stack`` and ``cat``
-    gather those rows by an index uploaded as data: a batch of windows cut at new places each
-    step (``stack([data[i:i + n] for i in ix])``) reuses one kernel, where padding and adding
-    the slices would compile a kernel for each new set of offsets."""
+    """(a tensor, the rows of it each of ``ts`` is) where every one of ``ts`` is a run of rows
+    of one stored tensor that needs no gradient: ``x[a:b]``, or rows of rows ``x[:m][a:b]``
+    (``lazy.contiguous_run``). Then ``stack`` and ``cat`` gather those rows by an index
+    uploaded as data: a batch of windows cut at new places each step (``stack([data[i:i + n]
+    for i in ix])``) reuses one kernel, where padding and adding the slices would compile a
+    kernel for each new set of offsets."""
     if len(ts) < 2 or sched.recording is not None:
         return None
     base: Lazy | None = None
     rows = []
+    row_shape = ts[0].shape[1:]
+    row = math.prod(row_shape)
     for t in ts:
         node = t.lazy
-        if t.requires_grad or node.op is not Op.SHRINK or node.realized:
+        if t.requires_grad or node.op is not Op.SHRINK or node.realized or \
+                t.shape[1:] != row_shape:
             return None
-        src = node.srcs[0]
-        if not src.realized or (base is not None and src is not base):
+        run = contiguous_run(node)
+        if run is None or (base is not None and run[0] is not base):
             return None
-        (lo, hi), *rest = node.arg
-        if any(tuple(b) != (0, n) for b, n in zip(rest, src.shape[1:])):
+        base, first = run
+        if row == 0 or first % row or base.numel % row:
             return None
-        base = src
-        rows.append(np.arange(lo, hi))
+        rows.append(np.arange(first // row, first // row + t.shape[0]))
     assert base is not None
-    return Tensor(base), rows
+    return Tensor(base).reshape(base.numel // row, *row_shape), rows
 
 
 def manual_seed(seed: int) -> Any:

@@ -1151,11 +1151,7 @@ def test_to_device_round_trip(device: str, devices: list[str], check: Any) -> No
 
 
 def test_cat_of_many_tensors(device: str, check: Any) -> None:
-    limit = get_device(device).info.extra.get("limits", {}).get(
-        "max_storage_buffers_per_shader_stage")
-    if limit is not None and limit < 41:
-        pytest.xfail(f"one kernel binds all 41 buffers, over this device's limit of {limit}; the "
-                     "scheduler does not yet split kernels to a binding limit")
+    # 41 buffers in one kernel: split where the device binds fewer (WebGPU adapters)
     xs = [np.full((2, 3), k, np.float32) for k in range(40)]
     check(ag.stack([ag.tensor(x, device=device) for x in xs]), np.stack(xs), F32)
 

@@ -199,6 +199,35 @@ def is_view_of_buffer(node: "Lazy") -> bool:
     return node.realized and node is not None
 
 
+def contiguous_run(node: "Lazy") -> tuple["Lazy", int] | None:
+    """(the node read, element offset) where ``node`` is a chain of shrinks and reshapes of
+    realized memory (or of a node that is stored before it is read: kept, ``contiguous``, a
+    copy) that reads one contiguous run of it, in order: ``data[:n][i:i + b]``, or
+    ``idx[:, -k:]`` of a one-row ``idx``. A shrink keeps a run contiguous where the axes
+    before the one it cuts have one element left and the axes after it are whole."""
+    chain = []
+    while node.op in (Op.SHRINK, Op.RESHAPE) and not node.realized:
+        chain.append(node)
+        node = node.srcs[0]
+    # realized memory, or a node stored by a kernel of its own before any kernel reads it
+    if node.op is not Op.BUFFER and (node.buffer is not None or not (
+            node.keep or node.op in (Op.CONTIGUOUS, Op.COPY))):
+        return None
+    shape, offset = node.shape, 0
+    for view in reversed(chain):
+        if view.op is Op.SHRINK:
+            sizes = [hi - lo for lo, hi in view.arg]
+            first = next((a for a, n in enumerate(sizes) if n != 1), len(sizes))
+            if any(n != full for n, full in zip(sizes[first + 1:], shape[first + 1:])):
+                return None
+            stride = 1
+            for (lo, _), n in zip(reversed(view.arg), reversed(shape)):
+                offset += lo * stride
+                stride *= n
+        shape = view.shape
+    return node, offset
+
+
 def pending_readers(target: "Lazy", exclude: "Lazy") -> list["Lazy"]:
     """The unrealized computations alive now that read ``target`` (other than ``exclude``):
     the ends of its chains of consumers, each taken back through pure views to the node that

@@ -9,7 +9,6 @@ the output from the device's caching allocator and launches without waiting.
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 import time
 import weakref
@@ -23,7 +22,8 @@ from anygpu.codegen import ir, lower
 from anygpu.codegen.render.cstyle import render
 from anygpu.codegen.render.wgsl import launch_groups
 from anygpu.dtype import DType, bfloat16, float16
-from anygpu.graph.lazy import Lazy, is_boundary, is_view_of_buffer, pending_readers
+from anygpu.graph.lazy import (Lazy, contiguous_run, is_boundary, is_view_of_buffer,
+                               pending_readers)
 from anygpu.ops.linalg import get_float32_matmul_precision
 from anygpu.ops.primitives import MOVEMENT, REDUCE, Op
 from anygpu.runtime.base import Buffer, Device, Program
@@ -64,7 +64,11 @@ def schedule(outputs: Sequence[Lazy]) -> list[Item]:
 
 
 def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
-    if node.realized or id(node) in planned or row_slice(node) is not None:
+    if node.realized or id(node) in planned:
+        return
+    rows = row_slice(node)
+    if rows is not None:  # read as a buffer of its own: what it cuts from comes first
+        _visit(rows[0], items, planned)
         return
     planned.add(id(node))
     if node.op is Op.COPY:
@@ -88,9 +92,45 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
         template, positions = cached
         ast = dataclasses.replace(template, output=node, inputs=[walk[i] for i in positions],
                                   lins=[])
+    # 8 buffers every device binds (WebGPU's guaranteed minimum): only then ask the device
+    if len(ast.inputs) >= 8 and len(ast.inputs) + 1 > get_device(node.device).max_kernel_buffers:
+        _cut_to_buffer_limit(node, ast.inputs, get_device(node.device).max_kernel_buffers)
+        planned.discard(id(node))
+        _visit(node, items, planned)
+        return
     for dep in ast.inputs:
         _visit(dep, items, planned)
     items.append(KernelItem(ast, signature, walk))
+
+
+def _cut_to_buffer_limit(root: Lazy, inputs: Sequence[Lazy], limit: int) -> None:
+    """Mark ``keep`` the node fused into ``root``'s kernel that reads the most of its
+    ``inputs`` while its own kernel still fits the device's ``limit`` of buffers: it is stored
+    by a kernel of its own and read as one buffer. The caller schedules ``root`` again, which
+    cuts once more until the kernel fits (a fused gradient of many parameters, a cat of 40
+    tensors on a WebGPU adapter that binds 32 buffers)."""
+    wanted = {id(n) for n in inputs}
+    below: dict[int, frozenset[int]] = {}
+    nodes: dict[int, Lazy] = {}
+
+    def visit(node: Lazy) -> frozenset[int]:
+        hit = below.get(id(node))
+        if hit is None:
+            if id(node) in wanted:
+                hit = frozenset((id(node),))
+            else:
+                hit = frozenset().union(*(visit(s) for s in node.srcs))
+            below[id(node)], nodes[id(node)] = hit, node
+        return hit
+
+    visit(root)
+    sizes = [(len(reads), key) for key, reads in below.items()
+             if key not in wanted and nodes[key] is not root and nodes[key].op not in MOVEMENT
+             and 2 <= len(reads) < limit]
+    if not sizes:
+        raise RuntimeError(f"a kernel computing {root} reads {len(inputs)} buffers and no part "
+                           f"of it fits the device's limit of {limit} buffers per kernel")
+    nodes[max(sizes)[1]].keep = True
 
 
 # A sum is split in two kernels where it has too few outputs to fill a GPU: a convolution's
@@ -203,30 +243,28 @@ def _template(ast: lower.KernelAST) -> lower.KernelAST:
 
 
 def row_slice(node: Lazy) -> tuple[Lazy, int, int, int] | None:
-    """(buffer node, byte offset, bytes, skip) where ``node`` is a run of rows of realized
-    memory that kernels read as a buffer of its own: a shrink of the first axis alone, of a
-    buffer that owns its memory. The sub-buffer starts at the nearest offset below the rows
-    where the device can start one, and kernels skip the ``skip`` elements before the rows, so
-    a kernel depends on where its slice starts only through that remainder: a batch cut from a
+    """(buffer node, byte offset, bytes, skip) where ``node`` is a shrink that reads one
+    contiguous run of realized memory (``lazy.contiguous_run``: rows ``x[i:i + n]``, rows of
+    rows ``x[:m][i:i + n]``, a crop ``idx[:, -k:]`` of a one-row ``idx``), which kernels read
+    as a buffer of its own. The sub-buffer starts at the nearest offset below the run where
+    the device can start one, and kernels skip the ``skip`` elements before the run, so a
+    kernel depends on where its slice starts only through that remainder: a batch cut from a
     data set each step compiles at most a few kernels, none once every remainder was seen.
     Not while jit records (its replay substitutes whole buffers)."""
-    if node.op is not Op.SHRINK or node.realized or recording is not None:
+    if node.op is not Op.SHRINK or node.realized or recording is not None or node.numel == 0:
         return None
-    base = node.srcs[0]
-    if base.op is not Op.BUFFER or base.buffer is None:
+    run = contiguous_run(node)
+    if run is None:
         return None
-    (lo, hi), *rest = node.arg
-    if hi <= lo or any(tuple(b) != (0, n) for b, n in zip(rest, base.shape[1:])):
-        return None
+    base, first = run
     device = get_device(base.device)
     align = device.sub_buffer_align
     if not align:
         return None
     itemsize = device.storage_dtype(base.dtype).itemsize
-    row = math.prod(base.shape[1:]) * itemsize
-    start = lo * row - (lo * row) % align
-    skip = (lo * row - start) // itemsize
-    return base, start, (hi - lo) * row + skip * itemsize, skip
+    start = first * itemsize - (first * itemsize) % align
+    skip = (first * itemsize - start) // itemsize
+    return base, start, node.numel * itemsize + skip * itemsize, skip
 
 
 def input_buffer(node: Lazy) -> Buffer:

@@ -93,7 +93,9 @@ def _max_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") ->
 
 def _rmax_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
     (x,) = ps
-    hit = x.eq(out.expand(x.shape)).cast(g.dtype)
+    # the maximum computed again beside the comparison, not read from the forward kernel: a
+    # computed x may round 1 ulp differently in another kernel, and then nothing would match
+    hit = x.eq(x._reduce(Op.RMAX, arg).expand(x.shape)).cast(g.dtype)
     count = hit._reduce(Op.SUM, arg)
     return ((g / count).expand(x.shape) * hit,)
 
@@ -153,7 +155,7 @@ def _max_first_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tenso
     (x,) = ps
     axis = arg
     n = x.shape[axis]
-    hit = x.eq(out.expand(x.shape)).logical_or(x.ne(x))
+    hit = x.eq(x._reduce(Op.RMAX, (axis,)).expand(x.shape)).logical_or(x.ne(x))  # see _rmax_grad
     rev = (n - arange(n, device=x.device, dtype=int32)).reshape(
         (n,) + (1,) * (x.ndim - axis - 1))
     score = hit._select(rev.expand(x.shape), 0)

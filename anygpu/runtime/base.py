@@ -228,6 +228,10 @@ class Device:
     def _copy_out(self, host: np.ndarray, handle: Any) -> None:
         raise NotImplementedError
 
+    # the most buffers one kernel may bind, its output included (the scheduler splits kernels
+    # that would bind more: WebGPU adapters allow as few as 8)
+    max_kernel_buffers: int = 1 << 16
+
     # the byte offsets at which sub_buffer can start a buffer inside another (0: it cannot);
     # the GPUs' 256 keeps every buffer as aligned as the kernels' vector accesses expect
     sub_buffer_align: int = 0

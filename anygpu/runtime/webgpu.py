@@ -349,7 +349,7 @@ class WebGPUDevice(Device):
         self.max_buffer_size = _limit(self.gpu.limits, "max_buffer_size")
         self.max_binding_size = _limit(self.gpu.limits, "max_storage_buffer_binding_size")
         self.max_groups = _limit(self.gpu.limits, "max_compute_workgroups_per_dimension")
-        self.max_storage_buffers = _limit(self.gpu.limits, "max_storage_buffers_per_shader_stage")
+        self.max_kernel_buffers = _limit(self.gpu.limits, "max_storage_buffers_per_shader_stage")
         self._timer = _Timer(self.gpu) if "timestamp-query" in self.features else None
         # Every buffer this device allocated and has not freed, by id. wgpu-py releases a
         # GPUBuffer's memory in its finalizer; a Buffer that dies in a reference cycle gives its
@@ -478,9 +478,9 @@ class WebGPUDevice(Device):
             module = self._shader_module(code, name)
         kinds = _bindings(code)
         nbuffers = max(kinds, default=-1) + 1
-        if nbuffers > self.max_storage_buffers:
+        if nbuffers > self.max_kernel_buffers:
             raise DeviceError(f"{self.name}: kernel {name} binds {nbuffers} buffers; this device "
-                              f"allows {self.max_storage_buffers} (max_storage_buffers_per_shader"
+                              f"allows {self.max_kernel_buffers} (max_storage_buffers_per_shader"
                               "_stage)")
         # An explicit layout binds every buffer; layout="auto" would drop unused bindings and make
         # the bind group depend on what the shader happens to read.

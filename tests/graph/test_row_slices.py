@@ -67,3 +67,38 @@ def test_jit_replays_slices_of_its_inputs(device):
         np.testing.assert_allclose(head(ag.tensor(host, device=device)).numpy(),
                                    host[8:16] * 3, rtol=1e-6)
     assert sched.recording is None
+
+
+def test_rows_of_rows_and_crops_compile_once(device):
+    # nanoGPT: train_data = data[:n], then windows train_data[i:i + block] stacked into a batch;
+    # generation crops its growing context, idx[:, -block:]
+    rng = np.random.default_rng(6)
+    host = rng.integers(0, 50, 1000)
+    data = ag.tensor(host, device=device)
+    train = data[:900]
+    table = rng.standard_normal((50, 4)).astype(np.float32)
+    w = ag.tensor(table, device=device)
+    counts = []
+    for step in range(12):
+        ix = rng.integers(0, 800, 4) if step else np.array([0, 1, 2, 3])
+        xb = ag.stack([train[i:i + 8] for i in ix])
+        got = w[xb].sum(-1)
+        np.testing.assert_allclose(got.numpy(), table[np.stack([host[i:i + 8] for i in ix])]
+                                   .sum(-1), rtol=1e-5, atol=1e-6)
+        window = train[int(ix[0]) + 1:int(ix[0]) + 9]
+        assert (window * 2).tolist() == (host[ix[0] + 1:ix[0] + 9] * 2).tolist()
+        counts.append(_programs(device))
+    # a new program at most for each new remainder of a start below the device's alignment
+    align = max(get_device(device).sub_buffer_align // 8, 1)
+    assert counts[-1] - counts[0] <= align, counts
+    idx = ag.tensor([list(range(40))], device=device)
+    table_t = ag.tensor(table[:, 0].copy(), device=device)
+    before = None
+    for t in range(40, 40 + 2 * align + 4):
+        crop = idx[:, -16:]
+        assert table_t[crop].tolist()[0] == table[np.arange(t - 16, t) % 50, 0].tolist()
+        idx = ag.cat((idx, ag.tensor([[t % 50]], device=device)), dim=1)
+        if t == 40 + align + 2:
+            before = _programs(device)
+    # after every remainder was seen, each token compiles only its new-length cat
+    assert _programs(device) - before <= align + 2, (before, _programs(device))

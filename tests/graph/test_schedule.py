@@ -77,6 +77,33 @@ def test_cat_and_stack_are_one_kernel() -> None:
     assert kernels(ag.stack([a, a * 2, a.sqrt()], 1)) == 1
 
 
+def test_a_cat_is_stored_not_fused_into_its_readers() -> None:
+    # as PyTorch stores it: a token list grown by cat is read as memory, not recomputed
+    a, b = t(2, 3), t(4, 3)
+    assert kernels(ag.cat([a, b]).exp()) == 2
+    assert kernels(ag.cat([a, b]).sum()) == 2
+
+
+def test_kernels_split_at_the_devices_buffer_limit(device: str, monkeypatch) -> None:
+    from anygpu.runtime.registry import get_device
+    monkeypatch.setattr(get_device(device), "max_kernel_buffers", 8)
+    rng = np.random.default_rng(7)
+    hosts = [rng.standard_normal((3, 5)).astype(np.float32) for _ in range(30)]
+    xs = [ag.tensor(h, device=device) for h in hosts]
+    total, want = xs[0], hosts[0]
+    for x, h in zip(xs[1:], hosts[1:]):
+        total, want = total * 0.5 + x.exp(), want * 0.5 + np.exp(h)
+    reads = []
+    real = sched._run_kernel
+    monkeypatch.setattr(sched, "_run_kernel",
+                        lambda item: (reads.append(len(item.ast.inputs)), real(item)))
+    np.testing.assert_allclose(total.numpy(), want, rtol=1e-5)
+    assert len(reads) >= 4 and max(reads) <= 7, reads
+    stacked = ag.stack(xs) * 2
+    np.testing.assert_allclose(stacked.numpy(), np.stack(hosts) * 2, rtol=1e-6)
+    assert max(reads) <= 7, reads
+
+
 def test_movement_is_free() -> None:
     x = t(2, 3, 4)
     assert kernels(x.permute(2, 0, 1).reshape(4, 6)[1:, ::2].flip(0).pad((1, 0)) * 2) == 1

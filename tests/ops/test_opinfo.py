@@ -1554,7 +1554,7 @@ def read_all(pending: list[Pending], device: str) -> list[tuple[Pending, Any]]:
     kind are read through one fused kernel, a few buffers at a time."""
     dev = get_device(device)
     int_dtype = I64 if dev.supports(I64) else I32
-    buffer_limit = max(getattr(dev, "max_storage_buffers", 124) - 4, 4)
+    buffer_limit = max(min(dev.max_kernel_buffers, 124) - 4, 4)
     results: list[tuple[Pending, Any]] = []
     groups: dict[tuple, list[Pending]] = {}
     for p in pending:
