@@ -13,6 +13,10 @@ from anygpu.dtype import DType, bool_
 
 
 class Op(Enum):
+    # members are singletons: identity hashing (in C) instead of Enum's hash of the name (a
+    # Python call), which the scheduler's set and dict lookups paid for every graph node
+    __hash__ = object.__hash__
+
     # leaves
     BUFFER = "buffer"  # realized device memory
     CONST = "const"  # one value broadcast to a shape; arg = the value

@@ -11,7 +11,6 @@ from anygpu.cli.main import main
 
 
 def test_demo_reaches_95_percent(capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("sklearn")
     assert main(["demo", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith("test accuracy"))
