@@ -463,6 +463,16 @@ class RNNBase(Module):
     def _unbatch(self, output: Tensor) -> Tensor:
         return output.squeeze(0 if self.batch_first else 1)
 
+    def _forward_one_state(self, input: Tensor, hx: Tensor | None,
+                           name: str) -> tuple[Tensor, Tensor]:
+        """RNN's and GRU's forward: one hidden state in and out."""
+        input, batched = self._batched(input, name)
+        h0 = self._single_state(input, hx, batched)
+        output, h_n, _ = self._run(input, h0, None)
+        if not batched:
+            return self._unbatch(output), h_n.squeeze(1)
+        return output, h_n
+
     def _single_state(self, input: Tensor, hx: Tensor | None, batched: bool) -> Tensor:
         """RNN's and GRU's ``hx``: checked, made batched, zeros where None."""
         if hx is not None:
@@ -510,12 +520,7 @@ class RNN(RNNBase):
         self.nonlinearity = nonlinearity
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        input, batched = self._batched(input, "RNN")
-        h0 = self._single_state(input, hx, batched)
-        output, h_n, _ = self._run(input, h0, None)
-        if not batched:
-            return self._unbatch(output), h_n.squeeze(1)
-        return output, h_n
+        return self._forward_one_state(input, hx, "RNN")
 
 
 class GRU(RNNBase):
@@ -538,12 +543,7 @@ class GRU(RNNBase):
                          dropout, bidirectional, 0, device, dtype)
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        input, batched = self._batched(input, "GRU")
-        h0 = self._single_state(input, hx, batched)
-        output, h_n, _ = self._run(input, h0, None)
-        if not batched:
-            return self._unbatch(output), h_n.squeeze(1)
-        return output, h_n
+        return self._forward_one_state(input, hx, "GRU")
 
 
 class LSTM(RNNBase):

@@ -26,7 +26,45 @@ def _activation(activation: Activation) -> Callable[[Tensor], Tensor]:
     return activation
 
 
-class TransformerEncoderLayer(Module):
+class _TransformerLayer(Module):
+    """What encoder and decoder layers share: self-attention, the feed-forward block, a
+    LayerNorm and a Dropout per block (``blocks``: 2 for the encoder, 3 for the decoder, whose
+    second block attends over ``memory``), registered in PyTorch's order of state_dict keys."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float,
+                 activation: Activation, layer_norm_eps: float, batch_first: bool,
+                 norm_first: bool, bias: bool, device: str | None, dtype: Any,
+                 blocks: int) -> None:
+        super().__init__()
+        attention = dict(dropout=dropout, bias=bias, batch_first=batch_first, device=device,
+                         dtype=dtype)
+        self.self_attn = MultiheadAttention(d_model, nhead, **attention)
+        if blocks == 3:
+            self.multihead_attn = MultiheadAttention(d_model, nhead, **attention)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, device=device, dtype=dtype)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, device=device, dtype=dtype)
+        self.norm_first = norm_first
+        for i in range(1, blocks + 1):
+            setattr(self, f"norm{i}", LayerNorm(d_model, eps=layer_norm_eps, bias=bias,
+                                                device=device, dtype=dtype))
+        for i in range(1, blocks + 1):
+            setattr(self, f"dropout{i}", Dropout(dropout))
+        self.activation = _activation(activation)
+        self._last_dropout = f"dropout{blocks}"
+
+    def _sa_block(self, x: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None,
+                  is_causal: bool) -> Tensor:
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                           need_weights=False, is_causal=is_causal)[0]
+        return self.dropout1(x)
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        x = self.linear2(self.dropout(self.activation(self.linear1(x))))
+        return getattr(self, self._last_dropout)(x)
+
+
+class TransformerEncoderLayer(_TransformerLayer):
     """Self-attention then a feed-forward block, each with a residual connection and a
     LayerNorm after it (before it with ``norm_first``).
 
@@ -44,30 +82,8 @@ class TransformerEncoderLayer(Module):
                  layer_norm_eps: float = 1e-5, batch_first: bool = False,
                  norm_first: bool = False, bias: bool = True, device: str | None = None,
                  dtype: Any = None) -> None:
-        super().__init__()
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                            batch_first=batch_first, device=device, dtype=dtype)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, device=device, dtype=dtype)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, device=device, dtype=dtype)
-        self.norm_first = norm_first
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, device=device,
-                               dtype=dtype)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, device=device,
-                               dtype=dtype)
-        self.dropout1 = Dropout(dropout)
-        self.dropout2 = Dropout(dropout)
-        self.activation = _activation(activation)
-
-    def _sa_block(self, x: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None,
-                  is_causal: bool) -> Tensor:
-        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                           need_weights=False, is_causal=is_causal)[0]
-        return self.dropout1(x)
-
-    def _ff_block(self, x: Tensor) -> Tensor:
-        x = self.linear2(self.dropout(self.activation(self.linear1(x))))
-        return self.dropout2(x)
+        super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                         batch_first, norm_first, bias, device, dtype, blocks=2)
 
     def forward(self, src: Tensor, src_mask: Tensor | None = None,
                 src_key_padding_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
@@ -79,7 +95,7 @@ class TransformerEncoderLayer(Module):
         return self.norm2(x + self._ff_block(x))
 
 
-class TransformerDecoderLayer(Module):
+class TransformerDecoderLayer(_TransformerLayer):
     """Self-attention, attention over ``memory``, then a feed-forward block, each with a
     residual connection and a LayerNorm after it (before it with ``norm_first``).
 
@@ -97,32 +113,8 @@ class TransformerDecoderLayer(Module):
                  layer_norm_eps: float = 1e-5, batch_first: bool = False,
                  norm_first: bool = False, bias: bool = True, device: str | None = None,
                  dtype: Any = None) -> None:
-        super().__init__()
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                            batch_first=batch_first, device=device, dtype=dtype)
-        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
-                                                 batch_first=batch_first, device=device,
-                                                 dtype=dtype)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, device=device, dtype=dtype)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, device=device, dtype=dtype)
-        self.norm_first = norm_first
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, device=device,
-                               dtype=dtype)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, device=device,
-                               dtype=dtype)
-        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, device=device,
-                               dtype=dtype)
-        self.dropout1 = Dropout(dropout)
-        self.dropout2 = Dropout(dropout)
-        self.dropout3 = Dropout(dropout)
-        self.activation = _activation(activation)
-
-    def _sa_block(self, x: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None,
-                  is_causal: bool) -> Tensor:
-        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                           is_causal=is_causal, need_weights=False)[0]
-        return self.dropout1(x)
+        super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                         batch_first, norm_first, bias, device, dtype, blocks=3)
 
     def _mha_block(self, x: Tensor, memory: Tensor, attn_mask: Tensor | None,
                    key_padding_mask: Tensor | None, is_causal: bool) -> Tensor:
@@ -130,10 +122,6 @@ class TransformerDecoderLayer(Module):
                                 key_padding_mask=key_padding_mask, is_causal=is_causal,
                                 need_weights=False)[0]
         return self.dropout2(x)
-
-    def _ff_block(self, x: Tensor) -> Tensor:
-        x = self.linear2(self.dropout(self.activation(self.linear1(x))))
-        return self.dropout3(x)
 
     def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, tgt_key_padding_mask: Tensor | None = None,
