@@ -128,6 +128,30 @@ def test_conv_transpose2d_matches_conv2d_gradient(device, close, randn):
           TF.conv_transpose2d(torch.tensor(y), torch.tensor(w), **kw))
 
 
+# gradients through an activation after a convolution: the weight gradient's terms select
+# between the upstream gradient and zero (GCC 12 at -O3 vectorized such sums wrongly)
+CONV_ACT_CASES = [((4, 3, 8, 8), 5, 3, 1, 0, "relu"), ((2, 4, 9, 7), 6, 3, 2, 1, "relu"),
+                  ((3, 2, 6, 6), 4, 1, 1, 0, "leaky_relu"), ((2, 3, 7, 7), 3, 5, 1, 2, "hardtanh")]
+
+
+@pytest.mark.parametrize("shape,out,k,stride,padding,act", CONV_ACT_CASES,
+                         ids=range(len(CONV_ACT_CASES)))
+def test_conv2d_activation_gradients(device, close, randn, shape, out, k, stride, padding, act):
+    x, w = randn(shape, 40), randn((out, shape[1], k, k), 41, 0.3)
+    b, up = randn((out,), 42), None
+    grads = []
+    for lib, fn in ((ag, F), (torch, TF)):
+        kw = dict(device=device) if lib is ag else {}
+        tx, tw, tb = (lib.tensor(v, requires_grad=True, **kw) for v in (x, w, b))
+        y = getattr(fn, act)(fn.conv2d(tx, tw, tb, stride=stride, padding=padding))
+        if up is None:
+            up = randn(tuple(y.shape), 43)
+        (y * lib.tensor(up, **kw)).sum().backward()
+        grads.append((tx.grad, tw.grad, tb.grad))
+    for got, want in zip(*grads):
+        close(got, want, rtol=1e-4, atol=1e-4)
+
+
 WINOGRAD_CASES = [((1, 3, 8, 8), 4, 1, True), ((2, 5, 9, 7), 6, 1, False),
                   ((1, 4, 5, 6), 3, 0, True), ((3, 2, 4, 3), 5, "same", True)]
 
