@@ -24,7 +24,8 @@ from anygpu.device import cpu, cuda, device, hip, opencl, webgpu
 from anygpu.ops.random import (Generator, bernoulli, default_generator, get_rng_state,
                                initial_seed, multinomial, normal, randperm, seed, set_rng_state)
 
-from anygpu import nn, optim, utils  # noqa: E402  (they use the names above)
+from anygpu import amp, nn, optim, utils  # noqa: E402  (they use the names above)
+from anygpu.amp import autocast
 from anygpu.serialization import load, save
 
 
@@ -84,4 +85,4 @@ __all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like
            "initial_seed", "get_rng_state", "set_rng_state", "randperm", "multinomial",
            "bernoulli", "normal", "device", "from_numpy", "as_tensor", "set_grad_enabled",
            "is_grad_enabled", "inference_mode", "cpu", "cuda", "opencl", "webgpu", "hip", "einsum",
-           "cdist", "searchsorted", "bucketize", *_mirrored]
+           "cdist", "searchsorted", "bucketize", "amp", "autocast", *_mirrored]

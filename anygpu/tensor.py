@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 import numpy as np
 
+from anygpu import amp
 from anygpu import dtype as dt
 from anygpu.dtype import DType
 from anygpu.graph import schedule as sched
@@ -607,6 +608,11 @@ class Tensor:
         return self.abs().eq(float("inf")) if self.dtype.is_float else self._const_like(False,
                                                                                       dt.bool_)
 
+    def isfinite(self) -> "Tensor":
+        if not self.dtype.is_float:
+            return self._const_like(True, dt.bool_)
+        return self.abs().lt(float("inf"))  # false for inf and for NaN (NaN < inf is false)
+
     # ---- unary math ------------------------------------------------------------------------------
     def _float(self) -> "Tensor":
         return self if self.dtype.is_float else self.float()
@@ -940,14 +946,14 @@ class Tensor:
 
     def softmax(self, axis: int = -1, dtype: Any = None, dim: int | None = None) -> "Tensor":
         axis = dim if dim is not None else axis
-        x = self.cast(dtype) if dtype is not None else self._float()
+        x = self.cast(dtype) if dtype is not None else amp.widen(self._float())[0]
         # the shift changes no gradient: detached, backward does no work for it (as PyTorch's)
         e = (x - x._max(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 
     def log_softmax(self, axis: int = -1, dtype: Any = None, dim: int | None = None) -> "Tensor":
         axis = dim if dim is not None else axis
-        x = self.cast(dtype) if dtype is not None else self._float()
+        x = self.cast(dtype) if dtype is not None else amp.widen(self._float())[0]
         shifted = x - x._max(axis, keepdim=True).detach()
         return shifted - shifted.exp().sum(axis, keepdim=True).log()
 

@@ -14,8 +14,9 @@ functional forms, ``anygpu.nn.init`` the initializations, ``anygpu.nn.state`` sa
 
 from anygpu.nn import functional, utils, init, state
 from anygpu.nn.layers import (GELU, Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d, Dropout,
-                              Embedding, Flatten, Identity, LeakyReLU, Linear, LogSoftmax, PReLU,
-                              ReLU, Sigmoid, SiLU, Softmax, Tanh, Unflatten)
+                              Embedding, Flatten, Hardtanh, Identity, LeakyReLU, Linear,
+                              LogSoftmax, PReLU, ReLU, ReLU6, Sigmoid, SiLU, Softmax, Tanh,
+                              Unflatten)
 from anygpu.nn.loss import BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss, NLLLoss
 from anygpu.nn.containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from anygpu.nn.distance import CosineSimilarity, PairwiseDistance
@@ -39,4 +40,4 @@ __all__ = ["functional", "init", "state", "utils", "Module", "Parameter", "Seque
            "TransformerEncoder", "Conv1d", "ConvTranspose1d", "PReLU", "ParameterList",
            "ParameterDict", "CosineSimilarity", "PairwiseDistance", "Upsample",
            "UpsamplingNearest2d", "UpsamplingBilinear2d", "RNNBase", "RNN", "LSTM", "GRU",
-           "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
+           "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell", "Hardtanh", "ReLU6"]

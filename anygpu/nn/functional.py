@@ -14,6 +14,7 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
+from anygpu import amp
 from anygpu import dtype as dt
 from anygpu.ops.grad import is_grad_enabled
 from anygpu.ops.linalg import get_float32_matmul_precision
@@ -68,6 +69,7 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: In
            padding: IntPair | str = 0, dilation: IntPair = 1, groups: int = 1) -> Tensor:
     """2-D convolution (cross-correlation, as PyTorch) of (N, C, H, W) with (O, C/groups, KH, KW).
     """
+    input, weight, bias = amp.lower(input, weight, bias)
     if input.ndim != 4 or weight.ndim != 4:
         raise ValueError(f"conv2d expects a 4-D input and weight, got {input.shape} and "
                          f"{weight.shape}")
@@ -240,12 +242,42 @@ def winograd_3x3(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tenso
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``input @ weight.T + bias`` with weight of shape (out_features, in_features)."""
+    input, weight, bias = amp.lower(input, weight, bias)
     out = input.matmul(weight.T)
     return out + bias if bias is not None else out
 
 
 def relu(x: Tensor) -> Tensor:
     return x.relu()
+
+
+def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0,
+             inplace: bool = False) -> Tensor:
+    """``input`` clamped to [min_val, max_val]. Unlike ``clamp``, the gradient is 0 at the
+    bounds themselves (PyTorch's rule: it passes where ``min_val < x < max_val``), and NaN
+    stays NaN.
+
+    >>> import anygpu as ag
+    >>> from anygpu.nn import functional as F
+    >>> F.hardtanh(ag.tensor([-2.0, 0.5, 3.0])).tolist()
+    [-1.0, 0.5, 1.0]
+    """
+    if min_val > max_val:
+        raise ValueError("min_val cannot be greater than max_val")
+    # selects rather than clamp: their gradient reaches x only where neither test holds
+    upper = input.ge(max_val)._select(input._const_like(max_val), input)
+    return input.le(min_val)._select(input._const_like(min_val), upper)
+
+
+def relu6(input: Tensor, inplace: bool = False) -> Tensor:
+    """``min(max(x, 0), 6)``: ``hardtanh(x, 0, 6)``, with its gradient (0 at 0 and at 6).
+
+    >>> import anygpu as ag
+    >>> from anygpu.nn import functional as F
+    >>> F.relu6(ag.tensor([-1.0, 3.0, 8.0])).tolist()
+    [0.0, 3.0, 6.0]
+    """
+    return hardtanh(input, 0.0, 6.0)
 
 
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
@@ -352,6 +384,7 @@ def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None,
     """The gradient of ``conv2d`` with respect to its input, with weight (C_in, C_out/groups,
     KH, KW): a stride-1 convolution over the input with ``stride - 1`` zeros between elements,
     padded by ``dilation * (k - 1) - padding``, with the flipped, transposed weight."""
+    input, weight, bias = amp.lower(input, weight, bias)
     x, unbatched = _batched(input, "conv_transpose2d")
     n, c, h, w = x.shape
     if weight.ndim != 4 or weight.shape[0] != c:
@@ -564,6 +597,7 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
 
 def layer_norm(input: Tensor, normalized_shape: int | Sequence[int], weight: Tensor | None = None,
                bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    (input,) = amp.widen(input)
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if input.shape[input.ndim - len(shape):] != shape:
         raise ValueError(f"layer_norm: input {input.shape} does not end with {shape}")
@@ -584,6 +618,7 @@ def rms_norm(input: Tensor, normalized_shape: int | Sequence[int], weight: Tenso
              eps: float | None = None) -> Tensor:
     """``x / sqrt(mean(x**2) + eps) * weight``; ``eps`` defaults to the dtype's machine
     epsilon, as in PyTorch."""
+    (input,) = amp.widen(input)
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if input.shape[input.ndim - len(shape):] != shape:
         raise ValueError(f"rms_norm: input {input.shape} does not end with {shape}")
@@ -600,6 +635,7 @@ def rms_norm(input: Tensor, normalized_shape: int | Sequence[int], weight: Tenso
 def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None,
                bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """Normalize each sample over groups of ``C / num_groups`` channels (and all other axes)."""
+    (input,) = amp.widen(input)
     if input.ndim < 2 or input.shape[1] % num_groups:
         raise ValueError(f"group_norm: {num_groups} groups do not divide the channels of "
                          f"{input.shape}")
@@ -810,6 +846,7 @@ def _weighted(loss: Tensor, weight: Tensor | None, reduction: str) -> Tensor:
 def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None,
              reduce: bool | None = None, reduction: str = "mean",
              weight: Tensor | None = None) -> Tensor:
+    input, target = amp.widen(input, target)
     diff = input - target
     return _weighted(diff * diff, weight, _legacy(size_average, reduce, reduction))
 
@@ -817,6 +854,7 @@ def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None,
 def l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None,
             reduce: bool | None = None, reduction: str = "mean",
             weight: Tensor | None = None) -> Tensor:
+    input, target = amp.widen(input, target)
     return _weighted((input - target).abs(), weight, _legacy(size_average, reduce, reduction))
 
 
@@ -826,6 +864,7 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tens
                                      ) -> Tensor:
     """Sigmoid and binary cross entropy in one stable expression:
     ``(1 - t) * x + (1 + (pos_weight - 1) * t) * softplus(-x)``."""
+    input, target = amp.widen(input, target)
     reduction = _legacy(size_average, reduce, reduction)
     if target.shape != input.shape:
         raise ValueError(f"Target size ({target.shape}) must be the same as input size "
@@ -846,4 +885,5 @@ __all__ = ["conv2d", "conv_transpose2d", "linear", "relu", "gelu", "silu", "sigm
            "avg_pool2d", "adaptive_avg_pool2d", "batch_norm", "layer_norm", "rms_norm",
            "group_norm", "embedding", "dropout", "cross_entropy", "nll_loss", "mse_loss",
            "l1_loss", "binary_cross_entropy_with_logits", "conv1d", "conv_transpose1d", "prelu",
-           "one_hot", "interpolate", "normalize", "cosine_similarity", "pairwise_distance"]
+           "one_hot", "interpolate", "normalize", "cosine_similarity", "pairwise_distance",
+           "hardtanh", "relu6"]

@@ -457,6 +457,44 @@ class ReLU(Module):
         return "inplace=True" if self.inplace else ""
 
 
+class Hardtanh(Module):
+    """``x`` clamped to [min_val, max_val] (the gradient is 0 at the bounds, as in PyTorch).
+
+    >>> import anygpu as ag
+    >>> Hardtanh(-2.0, 2.0)(ag.tensor([-3.0, 1.0, 5.0])).tolist()
+    [-2.0, 1.0, 2.0]
+    """
+
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0,
+                 inplace: bool = False) -> None:
+        super().__init__()
+        if min_val > max_val:
+            raise ValueError("min_val cannot be greater than max_val")
+        self.min_val, self.max_val, self.inplace = min_val, max_val, inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.hardtanh(input, self.min_val, self.max_val)
+
+    def extra_repr(self) -> str:
+        return f"min_val={self.min_val}, max_val={self.max_val}" + (
+            ", inplace=True" if self.inplace else "")
+
+
+class ReLU6(Hardtanh):
+    """``min(max(x, 0), 6)`` (MobileNet's activation).
+
+    >>> import anygpu as ag
+    >>> ReLU6()(ag.tensor([-1.0, 3.0, 8.0])).tolist()
+    [0.0, 3.0, 6.0]
+    """
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__(0.0, 6.0, inplace)
+
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
+
+
 class GELU(Module):
     """Gaussian error linear unit; ``approximate='tanh'`` for the tanh form."""
 
@@ -580,4 +618,4 @@ class LogSoftmax(Module):
 
 __all__ = ["Identity", "Linear", "Conv2d", "ConvTranspose2d", "Embedding", "Dropout", "Flatten",
            "Unflatten", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "LeakyReLU", "Softmax",
-           "LogSoftmax", "Conv1d", "ConvTranspose1d", "PReLU"]
+           "LogSoftmax", "Conv1d", "ConvTranspose1d", "PReLU", "Hardtanh", "ReLU6"]

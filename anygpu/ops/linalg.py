@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from anygpu import amp
 from anygpu import dtype as dt
 from anygpu.ops.primitives import Op
 
@@ -41,6 +42,7 @@ def matmul(a: "Tensor", b: "Tensor") -> "Tensor":
         raise ValueError("matmul: both arguments need at least one dimension")
     if a.dtype == dt.bool_ or b.dtype == dt.bool_:
         raise TypeError("matmul is not defined for bool tensors")
+    a, b = amp.lower(a, b)
     if a.ndim == 1 and b.ndim == 1:
         return matmul(a.unsqueeze(0), b.unsqueeze(1)).reshape(())
     if a.ndim == 1:
