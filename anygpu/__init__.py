@@ -26,6 +26,7 @@ from anygpu.ops.random import (Generator, bernoulli, default_generator, get_rng_
 
 from anygpu import amp, nn, optim, utils  # noqa: E402  (they use the names above)
 from anygpu.amp import autocast
+from anygpu.profile import profile  # the function (the module stays importable by its path)
 from anygpu.serialization import load, save
 
 
@@ -85,4 +86,4 @@ __all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like
            "initial_seed", "get_rng_state", "set_rng_state", "randperm", "multinomial",
            "bernoulli", "normal", "device", "from_numpy", "as_tensor", "set_grad_enabled",
            "is_grad_enabled", "inference_mode", "cpu", "cuda", "opencl", "webgpu", "hip", "einsum",
-           "cdist", "searchsorted", "bucketize", "amp", "autocast", *_mirrored]
+           "cdist", "searchsorted", "bucketize", "amp", "autocast", "profile", *_mirrored]

@@ -428,10 +428,10 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
         contraction = gemm.match(ast)
         # below ~2M multiply-adds the compiled kernel beats the BLAS call and its scratch (the
         # demo's small layers trained 10% slower through BLAS)
-        plan = gemm.host_plan(ast, contraction) if contraction is not None and \
-            contraction.M * contraction.N * contraction.K >= 1 << 21 else None
-        if plan is not None:
-            return _host_contraction(ast, plan, params, "gemm_" + sizes)
+        if contraction is not None and contraction.M * contraction.N * contraction.K >= 1 << 21:
+            plan = gemm.host_plan(ast, contraction)
+            if plan is not None:
+                return _host_contraction(ast, plan, params, "gemm_" + sizes, contraction.flops)
         body = _cpu_body(ast, store, outer_total)
         return ir.Kernel(name, params, body, 1, 1, {"bytes": kernel_bytes(ast)})
     contraction = gemm.match(ast)
@@ -442,12 +442,14 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
         if mma_opts is not None:
             build = mma.build_pipelined if mma_opts.stages else mma.build
             return build(ast, contraction, mma_opts, params, "gemm_" + sizes,
-                         {"bytes": kernel_bytes(ast), "options": mma_opts})
+                         {"bytes": kernel_bytes(ast), "flops": contraction.flops,
+                          "options": mma_opts})
     opts = options if isinstance(options, gemm.GemmOptions) else \
         gemm.choose(contraction, max_local) if contraction is not None else None
     if contraction is not None and opts is not None:
         return gemm.build(ast, contraction, opts, params, "gemm_" + sizes,
-                          {"bytes": kernel_bytes(ast), "options": opts})
+                          {"bytes": kernel_bytes(ast), "flops": contraction.flops,
+                           "options": opts})
     if not ast.reduce and not ast.stages:  # stages over size-1 axes still need their loops
         local = min(256, max_local)
         per_thread = 4 if outer_total >= (1 << 20) else 1
@@ -472,7 +474,7 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
 
 
 def _host_contraction(ast: KernelAST, plan: gemm.HostPlan, params: list[ir.Param],
-                      name: str) -> ir.Kernel:
+                      name: str, flops: int) -> ir.Kernel:
     """The processor's contraction: the product comes from its BLAS (``meta["host_contraction"]``:
     the runtime computes it into a scratch buffer, the kernel's last parameter, laid out as the
     outer dims), and the kernel is the epilogue alone, reading the product where the sum was."""
@@ -490,7 +492,7 @@ def _host_contraction(ast: KernelAST, plan: gemm.HostPlan, params: list[ir.Param
     # product (a 256^3 product took 7.6 ms instead of 0.3)
     body = _cpu_body(epilogue, store, math.prod(d[1] for d in outer), threads=False)
     return ir.Kernel(name, params + [ir.Param(scratch, float32, False)], body, 1, 1,
-                     {"bytes": kernel_bytes(ast), "host_contraction": plan})
+                     {"bytes": kernel_bytes(ast), "flops": flops, "host_contraction": plan})
 
 
 def _reduce_loop(ast: KernelAST, start: ir.Expr, step: ir.Expr, total: int,

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from anygpu.graph import schedule as sched
 from anygpu.graph.lazy import Lazy
+from anygpu.runtime import base
 from anygpu.runtime.base import Buffer, Device
 from anygpu.runtime.registry import get_device
 
@@ -146,7 +147,10 @@ class JitFunction:
             for t, buf in zip(inputs, c.input_bufs):
                 if t.lazy.buffer is not buf:
                     get_device(t.device).copy(buf, t.lazy.buffer)
-            c.graph()
+            if sched.profiling is None:
+                c.graph()
+            else:  # one event for the whole graph: its kernels are not timed one by one
+                sched.profiling.graph(c.graph, self.fn.__name__, c.steps)
         else:
             for t, slots in zip(inputs, c.input_slots):
                 for i, j in slots:
@@ -261,5 +265,12 @@ def _make_graph(c: Captured, inputs: list[Any]) -> None:
     make = getattr(device, "capture_graph", None)
     if make is None:
         return
-    c.graph = make(c.steps)
+    # launches and copies captured into a graph do not run now: a profile records the
+    # graph's replays instead
+    profiling = sched.profiling, base.profiling
+    sched.profiling = base.profiling = None
+    try:
+        c.graph = make(c.steps)
+    finally:
+        sched.profiling, base.profiling = profiling
     c.input_bufs = [t.lazy.buffer for t in inputs]

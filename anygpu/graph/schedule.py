@@ -13,7 +13,7 @@ import sys
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from anygpu.ops.linalg import get_float32_matmul_precision
 from anygpu.ops.primitives import MOVEMENT, REDUCE, Op
 from anygpu.runtime.base import Buffer, Device, Program
 from anygpu.runtime.registry import get_device
+
+if TYPE_CHECKING:
+    from anygpu.profile.record import Recorder
 
 
 @dataclass
@@ -373,6 +376,10 @@ def buffer_to_host(buffer: Buffer, device: Device, numel: int, dtype: DType) -> 
 # while a jit capture is running, every launch and device copy is appended here
 recording: list[Callable[[], object]] | None = None
 
+# while an anygpu.profile block runs, its recorder: launches go through it (copies, transfers
+# and compiles report to it from runtime/base.py)
+profiling: "Recorder | None" = None
+
 
 # Set in a DataLoader worker started by fork (utils/data): why it must compute nothing (the
 # parent's OpenMP threads and GPU drivers do not survive fork; a kernel there would hang).
@@ -416,8 +423,11 @@ class Launch:
     name: str
     nbytes: int
     template: str = ""  # the hot-kernel template and its options, for ANYGPU_DEBUG
+    flops: int = 0  # floating-point operations where a template knows them (anygpu.profile)
 
     def __call__(self, wait: bool = False) -> float | None:
+        if profiling is not None:
+            return profiling.launch(self, wait)
         return self.program(self.buffers, self.groups, self.local, wait=wait)
 
 
@@ -479,6 +489,7 @@ def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
     if hit is None:
         for p in [node, *ast.inputs]:
             device.check_dtype(p.dtype)
+        lowering = time.perf_counter()
         kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size, features)
         source = render(kernel, device.dialect)
         if "options" in kernel.meta:  # a template kernel: a tuned configuration may replace it
@@ -486,6 +497,8 @@ def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
                                          [input_buffer(inp) for inp in ast.inputs])
         if config.get().debug >= 2:
             print(source, file=sys.stderr)
+        if profiling is not None:
+            profiling.lowered(device, kernel.name, lowering)
         program = device.program(source, kernel.name)
         if "host_contraction" in kernel.meta:
             program = device.contraction_program(program, kernel.meta["host_contraction"])
@@ -501,7 +514,8 @@ def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
     if device.dialect == "wgsl":
         groups = launch_groups(kernel.groups)
     return Launch(program, buffers, groups, (kernel.local,), kernel.name,
-                  kernel.meta.get("bytes", 0), kernel.meta.get("template", ""))
+                  kernel.meta.get("bytes", 0), kernel.meta.get("template", ""),
+                  kernel.meta.get("flops", 0))
 
 
 def _run_kernel(item: KernelItem) -> None:

@@ -22,12 +22,19 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from anygpu import config
 from anygpu.dtype import DType
+
+if TYPE_CHECKING:
+    from anygpu.profile.record import Recorder
+
+# While an ``anygpu.profile`` block runs, its recorder (None otherwise): told here of copies,
+# transfers between host and device and programs built; graph/schedule.py tells it of launches.
+profiling: "Recorder | None" = None
 
 
 class DeviceError(RuntimeError):
@@ -90,12 +97,20 @@ class Buffer:
         data = np.ascontiguousarray(host)
         if data.nbytes != self.nbytes:
             raise ValueError(f"copy_in of {data.nbytes} bytes into a buffer of {self.nbytes}")
+        if profiling is not None:
+            profiling.transfer(self.device, "upload", data.nbytes,
+                               lambda: self.device._copy_in(self.handle, data))
+            return
         self.device._copy_in(self.handle, data)
 
     def copy_out(self, host: np.ndarray) -> np.ndarray:
         """Copy this buffer into a contiguous host array of ``nbytes`` (waits for the device)."""
         if host.nbytes != self.nbytes or not host.flags.c_contiguous:
             raise ValueError(f"copy_out into {host.nbytes} bytes from a buffer of {self.nbytes}")
+        if profiling is not None:
+            profiling.transfer(self.device, "download", host.nbytes,
+                               lambda: self.device._copy_out(host, self.handle))
+            return host
         self.device._copy_out(host, self.handle)
         return host
 
@@ -113,6 +128,58 @@ class SubBuffer(Buffer):
 
     def __del__(self) -> None:
         pass
+
+
+class QueueTimer:
+    """Times of work queued on one device, read once the work is done.
+
+    ``launch`` and ``around`` queue work between two timestamps and return its index;
+    ``times`` waits for the device and gives every (start, end) so far, in seconds of the
+    timer's clock, in the order queued. Backends with device timers (CUDA and HIP events,
+    OpenCL profiling, WebGPU timestamps) return without waiting and set ``device_clock``:
+    their clock has an origin of its own, which ``anygpu.profile`` aligns to the host's.
+
+    This default waits for the device before and after each piece of work and reads the host
+    clock (``time.perf_counter``): the run time itself on the cpu backend, whose work runs
+    synchronously, and a stand-in for devices without timers.
+
+    >>> from anygpu.runtime.registry import get_device
+    >>> dev = get_device("cpu")
+    >>> timer = dev.queue_timer()
+    >>> a, b = dev.alloc(64), dev.alloc(64)
+    >>> timer.around(lambda: dev.copy(a, b))
+    0
+    >>> start, end = timer.times()[0]
+    >>> end >= start
+    True
+    """
+
+    device_clock = False
+
+    def __init__(self, device: "Device"):
+        self.device = device
+        self._times: list[tuple[float, float]] = []
+
+    def launch(self, program: "Program", buffers: Sequence["Buffer"], groups: Sequence[int],
+               local: Sequence[int]) -> int:
+        """Queue ``program`` on ``buffers`` (as ``Program.__call__`` does), timed."""
+        return self.around(lambda: program(buffers, groups, local))
+
+    def around(self, fn: Callable[[], object]) -> int:
+        """Run ``fn``, which queues work on the device (a copy, a graph), timed."""
+        self.device.synchronize()
+        start = time.perf_counter()
+        fn()
+        self.device.synchronize()
+        self._times.append((start, time.perf_counter()))
+        return len(self._times) - 1
+
+    def times(self) -> list[tuple[float, float]]:
+        """(start, end) of everything timed so far, in order; waits for the device."""
+        return self._times
+
+    def close(self) -> None:
+        """Free what the timer holds on the device (events, query sets)."""
 
 
 class CachingAllocator:
@@ -273,6 +340,10 @@ class Device:
     def copy(self, dst: Buffer, src: Buffer) -> None:
         if dst.nbytes != src.nbytes:
             raise ValueError(f"copy of {src.nbytes} bytes into a buffer of {dst.nbytes}")
+        if profiling is not None:
+            profiling.transfer(self, "copy", src.nbytes,
+                               lambda: self._copy(dst.handle, src.handle, src.nbytes))
+            return
         self._copy(dst.handle, src.handle, src.nbytes)
 
     def check_dtype(self, dtype: DType) -> None:
@@ -291,8 +362,12 @@ class Device:
         key = (name, source)
         prog = self._programs.get(key)
         if prog is None:
+            start = time.perf_counter()
+            cached = profiling is not None and self._disk_cached(source)
             binary = self._compile_cached(source, name)
             prog = self._programs[key] = self.load(binary, name, source)
+            if profiling is not None:
+                profiling.built(self, name, start, "load" if cached else "compile")
         return prog
 
     def prebuild(self, kernels: Sequence[tuple[str, str]]) -> None:
@@ -317,6 +392,10 @@ class Device:
         digest = hashlib.sha256(key.encode()).hexdigest()
         return os.path.join(config.get().cache_path, "programs", self.backend, digest)
 
+    def _disk_cached(self, source: str) -> bool:
+        """Whether the disk cache holds a binary of ``source`` (no compile needed)."""
+        return bool(config.get().disk_cache) and os.path.isfile(self._cache_file(source))
+
     def _compile_cached(self, source: str, name: str) -> bytes:
         if not config.get().disk_cache:
             return self.compile(source, name)
@@ -336,6 +415,12 @@ class Device:
         except OSError:
             pass  # a read-only cache directory only costs compile time
         return binary
+
+    def queue_timer(self) -> "QueueTimer":
+        """A timer of the work queued on this device (``anygpu.profile`` uses one per device).
+        This default synchronizes around each piece of work; backends with device timers
+        override it."""
+        return QueueTimer(self)
 
     def timed(self, fn: Callable[[], object]) -> float:
         """Host wall time of ``fn`` including the device work it queued, in seconds."""

@@ -24,7 +24,7 @@ import numpy as np
 
 from anygpu import config
 from anygpu.dtype import DType, bfloat16, float16
-from anygpu.runtime.base import Buffer, Device, DeviceError, DeviceInfo, Program
+from anygpu.runtime.base import Buffer, Device, DeviceError, DeviceInfo, Program, QueueTimer
 from anygpu.runtime.registry import BackendUnavailable
 
 try:
@@ -115,6 +115,64 @@ class GPUProgram(Program):
         finally:
             if wait:
                 dev._timing_lock.release()
+
+
+class EventTimer(QueueTimer):
+    """Events recorded on the device's stream before and after each piece of work; nothing
+    waits until ``times`` reads them. The clock's origin is an event recorded when the timer
+    is made. A captured CUDA graph replays as one piece of work: its kernels are not timed
+    one by one."""
+
+    device_clock = True
+
+    def __init__(self, device: "GPUDevice"):
+        super().__init__(device)
+        self.gpu = device
+        self._events: list[tuple[Any, Any]] = []  # (before, after) of each piece of work
+        self._read: list[tuple[float, float]] = []
+        self._last: tuple[Any, float] | None = None  # the last start read, on the clock
+        device._activate()
+        self._origin = self._record()
+
+    def _record(self) -> Any:
+        dev = self.gpu
+        event = dev._check(dev.drv.cuEventCreate, 0)  # flags 0: with timing
+        dev._check(dev.drv.cuEventRecord, event, dev._stream)
+        return event
+
+    def around(self, fn: Callable[[], object]) -> int:
+        self.gpu._activate()
+        before = self._record()
+        fn()
+        self._events.append((before, self._record()))
+        return len(self._events) - 1
+
+    def _ms(self, start: Any, end: Any) -> float:
+        dev = self.gpu
+        return float(dev._check(dev.drv.cuEventElapsedTime, start, end))
+
+    def times(self) -> list[tuple[float, float]]:
+        if len(self._read) == len(self._events):
+            return self._read
+        dev = self.gpu
+        dev._activate()
+        dev._check(dev.drv.cuEventSynchronize, self._events[-1][1])
+        # elapsed times are single-precision milliseconds: each start is placed from the one
+        # before it, so positions late in a long profile keep sub-microsecond resolution
+        last, clock = self._last or (self._origin, 0.0)
+        for before, after in self._events[len(self._read):]:
+            clock += self._ms(last, before) * 1e-3
+            self._read.append((clock, clock + self._ms(before, after) * 1e-3))
+            last = before
+        self._last = (last, clock)
+        return self._read
+
+    def close(self) -> None:
+        dev = self.gpu
+        dev._activate()
+        for event in [self._origin, *(e for pair in self._events for e in pair)]:
+            dev.drv.cuEventDestroy(event)
+        self._events, self._read, self._last = [], [], None
 
 
 class GPUDevice(Device):
@@ -270,6 +328,9 @@ class GPUDevice(Device):
         self._activate()
         self._check(self.drv.cuStreamSynchronize, self._stream)
         self._pending.clear()
+
+    def queue_timer(self) -> QueueTimer:
+        return EventTimer(self)
 
     def compile(self, source: str, name: str) -> bytes:
         options = self._compile_options()

@@ -32,6 +32,7 @@ def _driver_api() -> Any:
         cuStreamCreate=hip.hipStreamCreateWithFlags, cuStreamSynchronize=hip.hipStreamSynchronize,
         cuEventCreate=hip.hipEventCreateWithFlags, cuEventRecord=hip.hipEventRecord,
         cuEventSynchronize=hip.hipEventSynchronize, cuEventElapsedTime=hip.hipEventElapsedTime,
+        cuEventDestroy=hip.hipEventDestroy,
         cuMemAlloc=hip.hipMalloc, cuMemFree=hip.hipFree,
         cuMemcpyHtoDAsync=hip.hipMemcpyHtoDAsync, cuMemcpyDtoHAsync=hip.hipMemcpyDtoHAsync,
         cuMemcpyDtoDAsync=hip.hipMemcpyDtoDAsync,

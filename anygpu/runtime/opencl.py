@@ -13,13 +13,13 @@ import functools
 import re
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from anygpu.dtype import DType, float16
-from anygpu.runtime.base import Buffer, Device, DeviceError, DeviceInfo, Program
+from anygpu.runtime.base import Buffer, Device, DeviceError, DeviceInfo, Program, QueueTimer
 from anygpu.runtime.registry import BackendUnavailable
 
 try:
@@ -82,23 +82,71 @@ class OpenCLProgram(Program):
 
     def __call__(self, buffers: Sequence[Buffer], groups: Sequence[int] = (1,),
                  local: Sequence[int] = (1,), wait: bool = False) -> float | None:
+        event = self.enqueue(buffers, groups, local)
+        if not wait:
+            return None
+        if event is None:
+            return 0.0
+        device: OpenCLDevice = self.device  # type: ignore[assignment]
+        with device._errors(f"running kernel {self.name}"):
+            event.wait()
+            return (event.profile.end - event.profile.start) * 1e-9
+
+    def enqueue(self, buffers: Sequence[Buffer], groups: Sequence[int],
+                local: Sequence[int]) -> Any:
+        """Queue the kernel without waiting and return its event (None for an empty grid,
+        which runs nothing)."""
         dims = max(len(groups), len(local))
         groups = tuple(groups) + (1,) * (dims - len(groups))
         local = tuple(local) + (1,) * (dims - len(local))
         if 0 in groups:
-            return 0.0 if wait else None
+            return None
         global_size = tuple(n_groups * n_local for n_groups, n_local in zip(groups, local))
         device: OpenCLDevice = self.device  # type: ignore[assignment]
         what = (f"launching kernel {self.name} with groups={groups} local={local} "
                 f"on {len(buffers)} buffers")
         with device._errors(what), self._lock:
             self.kernel.set_args(*(b.handle for b in buffers))
-            event = cl.enqueue_nd_range_kernel(device.queue, self.kernel, global_size, local)
-        if not wait:
-            return None
-        with device._errors(f"running kernel {self.name}"):
-            event.wait()
-            return (event.profile.end - event.profile.start) * 1e-9
+            return cl.enqueue_nd_range_kernel(device.queue, self.kernel, global_size, local)
+
+
+class ProfilingTimer(QueueTimer):
+    """The queue's profiling timestamps (device nanoseconds): a kernel's own event, and for
+    other work (copies, transfers) markers queued before and after it, whose completion on
+    the in-order queue brackets it. Nothing waits until ``times``."""
+
+    device_clock = True
+
+    def __init__(self, device: "OpenCLDevice"):
+        super().__init__(device)
+        self.opencl, self.queue = device, device.queue
+        self._events: list[tuple[Any, Any]] = []  # (kernel, kernel) or (before, after) markers
+
+    def launch(self, program: Program, buffers: Sequence[Buffer], groups: Sequence[int],
+               local: Sequence[int]) -> int:
+        assert isinstance(program, OpenCLProgram)
+        event = program.enqueue(buffers, groups, local)
+        if event is None:  # an empty grid runs nothing: a marker stands for it
+            event = cl.enqueue_marker(self.queue)
+        self._events.append((event, event))
+        return len(self._events) - 1
+
+    def around(self, fn: Callable[[], object]) -> int:
+        before = cl.enqueue_marker(self.queue)
+        fn()
+        self._events.append((before, cl.enqueue_marker(self.queue)))
+        return len(self._events) - 1
+
+    def times(self) -> list[tuple[float, float]]:
+        with self.opencl._errors("reading profiling timestamps"):
+            for first, last in self._events[len(self._times):]:
+                last.wait()
+                if first is last:
+                    start, end = first.profile.start, first.profile.end
+                else:  # the markers complete as the work before and the work itself end
+                    start, end = first.profile.end, max(first.profile.end, last.profile.start)
+                self._times.append((start * 1e-9, end * 1e-9))
+        return self._times
 
 
 class OpenCLDevice(Device):
@@ -288,6 +336,9 @@ class OpenCLDevice(Device):
             self.queue.finish()
         with self._lock:
             self._drop_finished_copies()
+
+    def queue_timer(self) -> QueueTimer:
+        return ProfilingTimer(self)
 
 
 DEVICE = OpenCLDevice

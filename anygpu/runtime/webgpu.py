@@ -17,13 +17,13 @@ import functools
 import re
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from anygpu import config
 from anygpu import dtype as dt
-from anygpu.runtime.base import Buffer, Device, DeviceError, DeviceInfo, Program
+from anygpu.runtime.base import Buffer, Device, DeviceError, DeviceInfo, Program, QueueTimer
 from anygpu.runtime.registry import BackendUnavailable
 
 try:
@@ -173,6 +173,15 @@ def _pad3(values: Sequence[int], what: str) -> tuple[int, int, int]:
     return values + (1,) * (3 - len(values))  # type: ignore[return-value]
 
 
+def _timestamp_period_ns(gpu: Any) -> float:
+    """Nanoseconds per timestamp tick: wgpu-native resolves raw ticks."""
+    try:
+        from wgpu.backends.wgpu_native import lib
+        return float(lib.wgpuQueueGetTimestampPeriod(gpu.queue._internal)) or 1.0
+    except (ImportError, AttributeError, TypeError):
+        return 1.0  # the period of most drivers
+
+
 class _Timer:
     """GPU timestamps at the start and end of one compute pass (the timestamp-query feature)."""
 
@@ -181,12 +190,7 @@ class _Timer:
         usage = wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC
         self.resolved = gpu.create_buffer(size=16, usage=usage)
         self.lock = threading.Lock()  # one query set: one timed launch at a time
-        self.period_ns = 1.0
-        try:  # wgpu-native resolves raw ticks; the period converts them to nanoseconds
-            from wgpu.backends.wgpu_native import lib
-            self.period_ns = float(lib.wgpuQueueGetTimestampPeriod(gpu.queue._internal)) or 1.0
-        except (ImportError, AttributeError, TypeError):
-            pass  # keep 1.0, the period of most drivers
+        self.period_ns = _timestamp_period_ns(gpu)
 
     def writes(self) -> dict[str, Any]:
         return {"query_set": self.query_set, "beginning_of_pass_write_index": 0,
@@ -277,36 +281,126 @@ class WebGPUProgram(Program):
     def __call__(self, buffers: Sequence[Buffer], groups: Sequence[int] = (1,),
                  local: Sequence[int] = (1,), wait: bool = False) -> float | None:
         dev = self.device
-        grid = _pad3(groups, "groups")
-        self._check(buffers, grid, local)
         timer = dev._timer if wait else None
         lock = timer.lock if timer is not None else contextlib.nullcontext()
+        with lock:
+            start = time.perf_counter()
+            self.submit(buffers, groups, local, timer.writes() if timer is not None else None,
+                        timer.resolve if timer is not None else None)
+            if not wait:
+                return None
+            if timer is not None:
+                elapsed = timer.seconds(dev.gpu.queue)  # reading the result waits
+                if elapsed > 0:
+                    return elapsed
+            # no timestamps (or a driver that reports none): host time around submit + wait
+            dev.synchronize()
+            return time.perf_counter() - start
+
+    def submit(self, buffers: Sequence[Buffer], groups: Sequence[int], local: Sequence[int],
+               timestamp_writes: dict[str, Any] | None = None,
+               then: Callable[[Any], None] | None = None) -> None:
+        """Queue the kernel in a compute pass of its own, which writes ``timestamp_writes``
+        (WebGPU's ComputePassTimestampWrites); ``then`` adds to the same command encoder
+        (resolving the queries)."""
+        dev = self.device
+        grid = _pad3(groups, "groups")
+        self._check(buffers, grid, local)
         try:
             bind_group = self._bind_group(tuple(b.handle for b in buffers))
-            with lock:
-                encoder = dev.gpu.create_command_encoder()
-                compute = encoder.begin_compute_pass(
-                    timestamp_writes=timer.writes() if timer is not None else None)
-                compute.set_pipeline(self.pipeline)
-                compute.set_bind_group(0, bind_group)
-                compute.dispatch_workgroups(*grid)
-                compute.end()
-                if timer is not None:
-                    timer.resolve(encoder)
-                start = time.perf_counter()
-                dev.gpu.queue.submit([encoder.finish()])
-                if not wait:
-                    return None
-                if timer is not None:
-                    elapsed = timer.seconds(dev.gpu.queue)  # reading the result waits
-                    if elapsed > 0:
-                        return elapsed
-                # no timestamps (or a driver that reports none): host time around submit + wait
-                dev.synchronize()
-                return time.perf_counter() - start
+            encoder = dev.gpu.create_command_encoder()
+            compute = encoder.begin_compute_pass(timestamp_writes=timestamp_writes)
+            compute.set_pipeline(self.pipeline)
+            compute.set_bind_group(0, bind_group)
+            compute.dispatch_workgroups(*grid)
+            compute.end()
+            if then is not None:
+                then(encoder)
+            dev.gpu.queue.submit([encoder.finish()])
         except wgpu.GPUError as err:
             raise DeviceError(f"{dev.name}: launching kernel {self.name} with groups={grid} "
                               f"failed:\n{err}") from err
+
+
+# Queries per query set of a TimestampTimer (WebGPU allows at most 4096 per set); every piece
+# of work takes two, so pairs never straddle two sets
+_QUERY_SET_SIZE = 4096
+
+
+class TimestampTimer(QueueTimer):
+    """Timestamps written by the device (the timestamp-query feature): at the start and end of
+    each launch's own compute pass, and for other work (copies, transfers), which WebGPU cannot
+    time inside a pass, by empty compute passes queued before and after it. The queries are
+    resolved and read in ``times``; nothing waits before."""
+
+    device_clock = True
+
+    def __init__(self, device: "WebGPUDevice"):
+        super().__init__(device)
+        self.gpu = device.gpu
+        self.period_ns = _timestamp_period_ns(self.gpu)
+        self._sets: list[Any] = []
+        self._used = 0  # queries handed out, over all sets
+        self._pairs: list[tuple[int, int]] = []  # the start and end query of each piece of work
+        self._ticks: list[int] = []  # the queries resolved so far, in order
+
+    def _writes(self) -> tuple[dict[str, Any], int]:
+        """Timestamp writes of a compute pass into the next two queries, and the first's
+        number over all sets."""
+        if self._used == len(self._sets) * _QUERY_SET_SIZE:
+            self._sets.append(self.gpu.create_query_set(type="timestamp",
+                                                        count=_QUERY_SET_SIZE))
+        first = self._used
+        self._used += 2
+        index = first % _QUERY_SET_SIZE
+        return ({"query_set": self._sets[-1], "beginning_of_pass_write_index": index,
+                 "end_of_pass_write_index": index + 1}, first)
+
+    def launch(self, program: Program, buffers: Sequence[Buffer], groups: Sequence[int],
+               local: Sequence[int]) -> int:
+        assert isinstance(program, WebGPUProgram)
+        writes, first = self._writes()
+        program.submit(buffers, groups, local, writes)
+        self._pairs.append((first, first + 1))
+        return len(self._pairs) - 1
+
+    def _mark(self) -> int:
+        """An empty compute pass that writes two timestamps as the queue reaches it."""
+        writes, first = self._writes()
+        encoder = self.gpu.create_command_encoder()
+        encoder.begin_compute_pass(timestamp_writes=writes).end()
+        self.gpu.queue.submit([encoder.finish()])
+        return first
+
+    def around(self, fn: Callable[[], object]) -> int:
+        before = self._mark()
+        fn()
+        # from the end of the pass before to the start of the pass after
+        self._pairs.append((before + 1, self._mark()))
+        return len(self._pairs) - 1
+
+    def times(self) -> list[tuple[float, float]]:
+        usage = wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC
+        while len(self._ticks) < self._used:  # resolve what is new, a set at a time
+            k, first = divmod(len(self._ticks), _QUERY_SET_SIZE)
+            count = min(self._used - len(self._ticks), _QUERY_SET_SIZE - first)
+            resolved = self.gpu.create_buffer(size=8 * count, usage=usage)
+            encoder = self.gpu.create_command_encoder()
+            encoder.resolve_query_set(self._sets[k], first, count, resolved, 0)
+            self.gpu.queue.submit([encoder.finish()])
+            data = self.gpu.queue.read_buffer(resolved)  # waits for the queue
+            self._ticks.extend(int(t) for t in np.frombuffer(data, dtype=np.uint64))
+            resolved.destroy()
+        scale = self.period_ns * 1e-9
+        for a, b in self._pairs[len(self._times):]:
+            start, end = self._ticks[a], self._ticks[b]
+            self._times.append((start * scale, max(start, end) * scale))
+        return self._times
+
+    def close(self) -> None:
+        for query_set in self._sets:
+            query_set.destroy()
+        self._sets, self._pairs, self._ticks, self._times, self._used = [], [], [], [], 0
 
 
 class _Range:
@@ -495,6 +589,10 @@ class WebGPUDevice(Device):
             raise DeviceError(f"{self.name}: building the pipeline of kernel {name} failed:\n"
                               f"{err}\n--- source ---\n{code}") from err
         return WebGPUProgram(self, name, pipeline, layout, nbuffers, _workgroup_size(code, name))
+
+    def queue_timer(self) -> QueueTimer:
+        # without timestamps: the default, which waits for the queue around each launch
+        return TimestampTimer(self) if "timestamp-query" in self.features else QueueTimer(self)
 
     def synchronize(self) -> None:
         # queue.on_submitted_work_done_sync() fails in wgpu-py 0.32 (its callback signature does

@@ -88,6 +88,11 @@ class Contraction:
     def K(self) -> int:
         return math.prod(s for _, s in self.ks)
 
+    @property
+    def flops(self) -> int:
+        """Floating-point operations of the product: a multiply and an add per term."""
+        return 2 * math.prod(s for _, s in self.batch) * self.M * self.N * self.K
+
 
 def _vars(e: ir.Expr, memo: dict[int, frozenset[str]]) -> frozenset[str]:
     hit = memo.get(id(e))
