@@ -67,7 +67,11 @@ class Bucket:
             self._point()
 
     def grad(self) -> Tensor:
-        return cat([p.grad.reshape(-1) for p in self.params])  # type: ignore[union-attr]
+        flat = cat([p.grad.reshape(-1) for p in self.params])  # type: ignore[union-attr]
+        # fused into the update kernels that read it (each reads the gradients once), not
+        # stored first as cat's result otherwise is: that would add a kernel and two passes
+        flat.lazy.keep = False
+        return flat
 
     def buffer(self, name: str) -> Tensor:
         if name not in self.state:
