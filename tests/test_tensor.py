@@ -220,6 +220,19 @@ def test_div(device: str, dtype: DType, seed: int, make: Any, check_all: Any) ->
     check_all(cases)
 
 
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+def test_division_of_equal_values_is_one(device: str, dtype: DType) -> None:
+    # float32 division must round correctly: a / a within 2.5 ulp (OpenCL's default) could be
+    # 0.99999994, whose truncation is 0 where PyTorch gives 1
+    if not get_device(device).supports(dtype):
+        pytest.skip(f"{dtype.name} is not supported on {device}")
+    values = np.random.default_rng(5).uniform(0.1, 1000.0, 4096).astype(np.float32)
+    x = ag.tensor(values, device=device).cast(dtype)
+    assert (x / x).float().numpy().tolist() == [1.0] * 4096
+    assert x.div(x, rounding_mode="trunc").float().numpy().tolist() == [1.0] * 4096
+    assert (x.sqrt() * x.sqrt() / x).float().numpy().min() > 0.99
+
+
 @pytest.mark.parametrize("dtype", [F32, F16, BF16] + SIGNED)
 @given(seed=seeds)
 def test_floor_divide_remainder(device: str, dtype: DType, seed: int, make: Any,

@@ -186,10 +186,24 @@ class OpenCLDevice(Device):
             raise DeviceError(f"{self.name}: {what} failed: {err}") from err
 
     def _build_options(self) -> list[str]:
+        return [*self._language(), *self._exact_division()]
+
+    def _language(self) -> list[str]:
         match = re.search(r"OpenCL C (\d+)\.(\d+)", self.cl_device.opencl_c_version)
         if match and (int(match.group(1)), int(match.group(2))) >= (1, 2):
             return ["-cl-std=CL1.2"]
         return []
+
+    def _exact_division(self) -> list[str]:
+        """Correctly rounded float32 division and square root where the device offers them:
+        OpenCL C allows 2.5 ulp otherwise, and NVIDIA's driver then gave 0.99999994 for a / a,
+        so ``div(a, a, rounding_mode="trunc")`` was 0 where PyTorch gives 1."""
+        try:
+            config = self.cl_device.single_fp_config
+        except cl.Error:
+            return []
+        exact = getattr(cl.device_fp_config, "CORRECTLY_ROUNDED_DIVIDE_SQRT", 0)
+        return ["-cl-fp32-correctly-rounded-divide-sqrt"] if config & exact else []
 
     def _subgroup_language(self) -> str | None:
         """The -cl-std under which the device's compiler offers subgroup operations, or None
@@ -211,7 +225,7 @@ class OpenCLDevice(Device):
         """Build options for ``source``: kernels that use subgroups (the renderer's pragma on
         their first line) are built in the OpenCL C version that declares them."""
         if self._subgroup_std is not None and source.startswith(_SUBGROUPS):
-            return [self._subgroup_std]
+            return [self._subgroup_std, *self._exact_division()]
         return self.build_options
 
     @property
