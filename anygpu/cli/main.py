@@ -3,6 +3,8 @@
     anygpu devices            list every device of every backend, with a self-test each
     anygpu demo [--device D]  train a small CNN on handwritten digits
     anygpu tune TARGET...     pre-tune the products and convolutions of a model on a GPU
+    anygpu bench train|infer  time a CNN's training step or inference beside PyTorch
+    anygpu run MODEL.onnx     run an ONNX model (random or given inputs), compare, time
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Sequence
 import numpy as np
 
 from anygpu import config
+from anygpu.cli import bench
+from anygpu.cli import run as run_cmd
 
 
 def _self_test(device: str) -> str:
@@ -157,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="seconds; after them kernels keep the heuristic choice (0: none)")
     p.add_argument("-v", "--verbose", action="store_true", help="a line per kernel tuned")
     p.set_defaults(func=cmd_tune)
+    bench.add_parser(sub)
+    run_cmd.add_parser(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -1,0 +1,362 @@
+"""``anygpu bench train|infer``: the seed CNN benchmark, one training step (forward, backward,
+Adam) or one inference pass of a standard model, beside PyTorch on the same device.
+
+    anygpu bench train --model resnet50 --batch 16 --size 224 --device cuda --compare torch
+    anygpu bench infer --model all --device all --steps 20 --json
+
+Each row: the first step on its own line (compiling and tuning included), then the median time
+of ``--steps`` steps after two warm-up steps, images per second and the peak device memory of a
+step (the allocator's high-water mark, weights and optimizer state included, as PyTorch's
+``max_memory_allocated``). Steps run under ``anygpu.jit`` unless ``--no-jit`` is given (a
+plain loop, as most programs are written). Precisions: ``fp32`` (exact float32 products, tf32
+off on both sides), ``tf32`` (``set_float32_matmul_precision("high")``, PyTorch's tf32 on)
+and ``bf16`` (``anygpu.autocast``: products and convolutions in bfloat16 with float32
+weights, PyTorch's autocast with channels_last beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+MODELS = ("alexnet", "resnet18", "resnet50", "vgg16", "mobilenet_v2")
+PRECISIONS = ("fp32", "tf32", "bf16")
+WARMUP = 2
+
+
+@dataclass
+class Row:
+    framework: str  # "anygpu" or "torch"
+    device: str
+    mode: str  # "train" or "infer"
+    model: str
+    precision: str
+    batch: int
+    size: int
+    steps: int
+    jit: bool
+    first_step_s: float
+    ms: float  # median time of a step
+    images_per_s: float
+    peak_mib: float | None  # None where the framework cannot say (PyTorch on the processor)
+    ratio: float | None = None  # anygpu's time over PyTorch's, on anygpu's rows with --compare
+
+
+# ---- anygpu ------------------------------------------------------------------------------------
+class _CompileProgress:
+    """While the first step runs: the kernels compiled so far and the time, on one line of the
+    terminal (a single summary line where the output is not a terminal)."""
+
+    def __init__(self, device: Any, label: str):
+        self.device, self.label = device, label
+        self.before = len(device._programs)
+        self.done = threading.Event()
+        self.start = time.perf_counter()
+        self.live = sys.stderr.isatty()
+        self.thread = threading.Thread(target=self._show, daemon=True)
+
+    def compiled(self) -> int:
+        return len(self.device._programs) - self.before
+
+    def _show(self) -> None:
+        spin = "|/-\\"
+        k = 0
+        while not self.done.wait(0.25):
+            k += 1
+            sys.stderr.write(f"\r{self.label}: first step {spin[k % 4]} {self.compiled()} "
+                             f"kernels compiled, {time.perf_counter() - self.start:.0f} s ")
+            sys.stderr.flush()
+
+    def __enter__(self) -> "_CompileProgress":
+        if self.live:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.done.set()
+        if self.live:
+            self.thread.join()
+            sys.stderr.write("\r" + " " * 78 + "\r")
+            sys.stderr.flush()
+
+
+def _precision(precision: str) -> Any:
+    """Set the float32 product precision; the autocast context for bf16 (else a no-op)."""
+    import contextlib
+
+    import anygpu as ag
+
+    ag.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    if precision == "bf16":
+        if not hasattr(ag, "autocast"):
+            raise SystemExit("anygpu bench: --precision bf16 needs anygpu.autocast, which this "
+                             "version does not have")
+        return lambda: ag.autocast(dtype=ag.bfloat16)
+    return contextlib.nullcontext
+
+
+def run_anygpu(mode: str, model_name: str, batch: int, size: int, device: str, steps: int,
+               precision: str, use_jit: bool = True, profile: str | None = None) -> Row:
+    import anygpu as ag
+    from anygpu import models
+    from anygpu.nn import functional as F
+
+    dev = ag.get_device(device)
+    context = _precision(precision)
+    ag.manual_seed(0)
+    model = getattr(models, model_name)().to(dev.name)
+    rng = np.random.default_rng(0)
+    x = ag.tensor(rng.standard_normal((batch, 3, size, size), np.float32), device=dev.name)
+    y = ag.tensor(rng.integers(0, 1000, batch), device=dev.name)
+    if mode == "train":
+        model.train()
+        opt = ag.optim.Adam(model.parameters(), lr=1e-4)
+
+        def step(x: Any, y: Any) -> Any:
+            opt.zero_grad()
+            with context():
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+    else:
+        model.eval()
+
+        def step(x: Any, y: Any) -> Any:
+            with ag.no_grad(), context():
+                return model(x)
+
+    run: Callable[[Any, Any], Any] = ag.jit(step) if use_jit else step
+
+    def timed() -> float:
+        start = time.perf_counter()
+        out = run(x, y)
+        out.realize()
+        dev.synchronize()
+        return time.perf_counter() - start
+
+    label = f"anygpu {mode} {model_name} on {dev.name}"
+    with _CompileProgress(dev, label) as progress:
+        first = timed()
+    if not progress.live:
+        print(f"{label}: first step {first:.1f} s, {progress.compiled()} kernels compiled",
+              file=sys.stderr)
+    for _ in range(WARMUP):
+        timed()
+    dev.allocator.peak = dev.allocator.in_use
+    times = [timed() for _ in range(steps)]
+    peak = dev.allocator.peak / 2**20
+    if profile:
+        _profile_steps(timed, profile)
+    ms = statistics.median(times) * 1e3
+    return Row("anygpu", dev.name, mode, model_name, precision, batch, size, steps, use_jit,
+               first, ms, batch / ms * 1e3, peak)
+
+
+def _profile_steps(timed: Callable[[], float], path: str) -> None:
+    """Three more steps under the profiler: its summary printed, its trace written to ``path``."""
+    import anygpu as ag
+
+    with ag.profile() as prof:
+        for _ in range(3):
+            timed()
+    print(prof.summary())
+    prof.export_chrome_trace(path)
+    print(f"trace written to {path} (open it in ui.perfetto.dev)")
+
+
+# ---- PyTorch -----------------------------------------------------------------------------------
+def torch_device(device: str) -> str:
+    """The device PyTorch runs on beside anygpu's ``device``: the same GPU where anygpu runs
+    on one (through any API), else the processor."""
+    import torch
+
+    import anygpu as ag
+
+    if ag.get_device(device).info.is_cpu or not torch.cuda.is_available():
+        return "cpu"
+    index = int(device.split(":")[1]) if device.startswith("cuda:") else 0
+    return f"cuda:{index}"
+
+
+def run_torch(mode: str, model_name: str, batch: int, size: int, device: str, steps: int,
+              precision: str) -> Row:
+    try:
+        import torch
+        import torchvision
+    except ImportError as err:
+        raise SystemExit(f"anygpu bench --compare torch needs torch and torchvision ({err})") \
+            from err
+    tdev = torch.device(device)
+    cuda = tdev.type == "cuda"
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, model_name)(weights=None).to(tdev)
+    fmt = torch.channels_last if precision == "bf16" else torch.contiguous_format
+    model = model.to(memory_format=fmt)
+    rng = np.random.default_rng(0)
+    x = torch.tensor(rng.standard_normal((batch, 3, size, size), np.float32), device=tdev)
+    x = x.contiguous(memory_format=fmt)
+    y = torch.tensor(rng.integers(0, 1000, batch), device=tdev)
+
+    def context() -> Any:
+        import contextlib
+        if precision == "bf16":
+            return torch.autocast(tdev.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    if mode == "train":
+        model.train()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+        def step() -> None:
+            opt.zero_grad()
+            with context():
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+    else:
+        model.eval()
+
+        def step() -> None:
+            with torch.no_grad(), context():
+                model(x)
+
+    def timed() -> float:
+        start = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize(tdev)
+        return time.perf_counter() - start
+
+    first = timed()
+    for _ in range(WARMUP):
+        timed()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(tdev)
+    times = [timed() for _ in range(steps)]
+    peak = torch.cuda.max_memory_allocated(tdev) / 2**20 if cuda else None
+    ms = statistics.median(times) * 1e3
+    return Row("torch", str(tdev), mode, model_name, precision, batch, size, steps, False,
+               first, ms, batch / ms * 1e3, peak)
+
+
+# ---- the command -------------------------------------------------------------------------------
+def _devices(names: Sequence[str]) -> list[str]:
+    """Device names, ``all`` expanded to every device of every backend available here."""
+    from anygpu.runtime.registry import BACKENDS, backend_module, get_device
+
+    out: list[str] = []
+    for name in names:
+        if name != "all":
+            out.append(get_device(name).name)
+            continue
+        for backend in BACKENDS:
+            try:
+                if backend_module(backend).device_count() > 0:
+                    out.append(get_device(backend).name)
+            except Exception as err:  # a backend that is missing here is left out, and said so
+                print(f"{backend}: not available ({err})", file=sys.stderr)
+    return list(dict.fromkeys(out))
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    head = (f"{'framework':9s} {'device':9s} {'mode':5s} {'model':13s} {'prec':4s} "
+            f"{'batch':>5s} {'size':>4s} {'first s':>8s} {'ms/step':>9s} {'img/s':>8s} "
+            f"{'peak MiB':>9s} {'ratio':>6s}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        peak = f"{r.peak_mib:9.0f}" if r.peak_mib is not None else f"{'n/a':>9s}"
+        ratio = f"{r.ratio:5.2f}x" if r.ratio is not None else ""
+        name = r.framework + ("" if r.framework == "torch" or r.jit else "*")
+        lines.append(f"{name:9s} {r.device:9s} {r.mode:5s} {r.model:13s} {r.precision:4s} "
+                     f"{r.batch:5d} {r.size:4d} {r.first_step_s:8.1f} {r.ms:9.2f} "
+                     f"{r.images_per_s:8.1f} {peak} {ratio:>6s}")
+    if any(not r.jit and r.framework == "anygpu" for r in rows):
+        lines.append("* without jit")
+    return "\n".join(lines)
+
+
+def plot(rows: Sequence[Row], path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise SystemExit(f"--plot needs matplotlib (pip install matplotlib): {err}") from err
+    labels = [f"{r.model}\n{r.device}\n{r.precision}" for r in rows if r.framework == "anygpu"]
+    ours = [r.ms for r in rows if r.framework == "anygpu"]
+    peers = {(r.model, r.precision, r.mode): r.ms for r in rows if r.framework == "torch"}
+    theirs = [peers.get((r.model, r.precision, r.mode), 0.0) for r in rows
+              if r.framework == "anygpu"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(labels)), 4.5))
+    xs = np.arange(len(labels))
+    ax.bar(xs - 0.2, ours, 0.4, label="anygpu")
+    if any(theirs):
+        ax.bar(xs + 0.2, theirs, 0.4, label="PyTorch")
+    ax.set_xticks(xs, labels, fontsize=8)
+    ax.set_ylabel("ms per step (lower is better)")
+    mode = rows[0].mode if rows else ""
+    ax.set_title(f"{mode}, batch {rows[0].batch if rows else ''}, "
+                 f"{rows[0].size if rows else ''}x{rows[0].size if rows else ''}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot written to {path}")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("bench", help="time a CNN's training step or inference beside PyTorch")
+    p.add_argument("mode", choices=("train", "infer"))
+    p.add_argument("--model", default=["resnet18"], nargs="+",
+                   help=f"{', '.join(MODELS)}, or all (any torchvision-named model anygpu has)")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--device", default=["cpu"], nargs="+", help="device names, or all")
+    p.add_argument("--steps", type=int, default=10, help="timed steps after the warm-up")
+    p.add_argument("--precision", choices=PRECISIONS, default=["fp32"], nargs="+")
+    p.add_argument("--compare", choices=("torch",), help="run PyTorch beside, same device")
+    p.add_argument("--no-jit", action="store_true", help="plain steps, not captured by jit")
+    p.add_argument("--json", action="store_true", help="one JSON object per row")
+    p.add_argument("--plot", metavar="PNG", help="draw the table as a bar chart")
+    p.add_argument("--profile", metavar="TRACE",
+                   help="profile three more steps: print the summary, write a Chrome trace")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    models = list(MODELS) if "all" in args.model else list(args.model)
+    precisions = list(args.precision)
+    if args.batch < 1 or args.size < 32 or args.steps < 1:
+        raise SystemExit("anygpu bench: --batch and --steps must be at least 1, --size 32")
+    rows: list[Row] = []
+    for device in _devices(args.device):
+        for model in models:
+            for precision in precisions:
+                row = run_anygpu(args.mode, model, args.batch, args.size, device, args.steps,
+                                 precision, use_jit=not args.no_jit, profile=args.profile)
+                new = [row]
+                if args.compare == "torch":
+                    peer = run_torch(args.mode, model, args.batch, args.size,
+                                     torch_device(device), args.steps, precision)
+                    row.ratio = row.ms / peer.ms
+                    new.append(peer)
+                rows += new
+                for r in new:
+                    if args.json:
+                        print(json.dumps(asdict(r)), flush=True)
+    if not args.json:
+        print(format_table(rows))
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
