@@ -2,11 +2,12 @@
 # The whole GPU check, on a machine with an NVIDIA GPU: the test suite on cuda, opencl (the NVIDIA
 # OpenCL driver) and webgpu (NVIDIA Vulkan), then the benchmarks. Results go to $OUT (default
 # ./gpu-results): devices.txt, tests-<backend>.txt, bench.txt, bench.json, bench-jit.txt,
-# bench-gemm.txt, bench-conv.txt, bench-norm.txt, bench-loops.txt.
+# bench-gemm.txt, bench-conv.txt, bench-norm.txt, bench-loops.txt, bench-models-{train,infer}.txt
+# (the models mode: MODELS, PRECISIONS, MODES, STEPS, BENCH_DEVICES choose what runs).
 #
 # Optional inputs in the repository root: .whl/ (wheels for packages the machine lacks, e.g.
 # pyopencl and wgpu, installed into /tmp/site) and .gl/ (Debian packages of the Vulkan loader).
-#   usage: [BACKENDS="cuda opencl"] [TESTS="tests/ops"] scripts/gpu_check.sh [tests|bench|all]
+#   usage: [BACKENDS="cuda opencl"] [TESTS="tests/ops"] scripts/gpu_check.sh [tests|bench|models|all]
 #          [pytest args...]
 set -u
 cd "$(dirname "$0")/.."
@@ -34,6 +35,7 @@ nv_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp/xdg}
 mkdir -p "$XDG_RUNTIME_DIR"
 export ANYGPU_CACHE_DIR=${ANYGPU_CACHE_DIR:-/tmp/anygpu-cache}
+export ANYGPU_TEST_ALL_MODELS=${ANYGPU_TEST_ALL_MODELS:-1}  # every model on every backend
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -m anygpu.cli.main devices 2>&1 | tee "$out/devices.txt"
@@ -49,6 +51,15 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 benchmarks/bench_norm.py --device cuda 2>&1 | tee "$out/bench-norm.txt" || status=1
   python3 benchmarks/bench_loops.py --device cuda opencl webgpu --steps 12 2>&1 \
     | tee "$out/bench-loops.txt" || status=1
+fi
+if [ "$what" = models ] || [ "$what" = all ]; then
+  # the seed CNN benchmark: every model's training step and inference beside PyTorch
+  for mode in ${MODES:-train infer}; do
+    timeout "${BENCH_TIMEOUT:-540}" python3 -m anygpu.cli.main bench "$mode" --model ${MODELS:-all} \
+      --device ${BENCH_DEVICES:-cuda} --precision ${PRECISIONS:-fp32} --batch 16 --size 224 \
+      --steps ${STEPS:-10} --compare torch --json 2>&1 | tee "$out/bench-models-$mode.txt" \
+      || status=1
+  done
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
   for backend in ${BACKENDS:-cuda opencl webgpu}; do

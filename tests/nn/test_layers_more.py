@@ -164,6 +164,28 @@ def test_conv_transpose1d_functional(device, close, randn):
     close(ow.grad, tw.grad)
 
 
+# ---- Hardtanh and ReLU6 --------------------------------------------------------------------------
+def test_hardtanh_and_relu6(device, close):
+    """Values and gradients at and beyond the bounds (0 at the bounds themselves, unlike
+    clamp's), and NaN, as PyTorch's hardtanh."""
+    x = np.array([-7.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 3.0, 6.0, 8.0, np.nan], np.float32)
+    cases = [(nn.ReLU6(), tnn.ReLU6()), (nn.Hardtanh(), tnn.Hardtanh()),
+             (nn.Hardtanh(-2.0, 6.0), tnn.Hardtanh(-2.0, 6.0)),
+             (lambda t: F.relu6(t), lambda t: TF.relu6(t)),
+             (lambda t: F.hardtanh(t, 0.5, 3.0), lambda t: TF.hardtanh(t, 0.5, 3.0))]
+    for ours, theirs in cases:
+        a, b = both(x, device, grad=True)
+        got, ref = ours(a), theirs(b)
+        close(got, ref)
+        got.sum().backward()
+        ref.sum().backward()
+        close(a.grad, b.grad)
+    assert repr(nn.ReLU6(inplace=True)) == "ReLU6(inplace=True)"
+    assert repr(nn.Hardtanh(-2.0, 6.0)) == "Hardtanh(min_val=-2.0, max_val=6.0)"
+    with pytest.raises(ValueError, match="min_val cannot be greater than max_val"):
+        nn.Hardtanh(1.0, -1.0)
+
+
 # ---- PReLU -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("num_parameters,shape", [(1, (2, 3, 5, 4)), (3, (2, 3, 5, 4)),
                                                   (5, (4, 5)), (1, (7,)), (6, (1, 6, 9))],
