@@ -63,6 +63,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
                 result = f"FAILED: {type(err).__name__}: {err}"
             failed |= result.startswith("FAILED")
             print(f"{'':9s} self-test: {result}")
+        for reason in getattr(backend_module(backend), "LEFT_OUT", ()):
+            print(f"{backend:7s} left out: {reason}")
     return 1 if failed else 0
 
 

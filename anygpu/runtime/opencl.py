@@ -37,6 +37,11 @@ _NO_PLATFORM = ("opencl: no OpenCL platform found (install pocl-binary-distribut
                 "device, or a GPU driver)")
 
 
+# Devices a platform lists but that cannot compile a kernel, with the reason each (``anygpu
+# devices`` shows them); filled when the devices are first listed.
+LEFT_OUT: list[str] = []
+
+
 @functools.cache
 def _cl_devices() -> tuple[Any, ...]:
     """Every OpenCL device of every platform, GPUs first, in platform order otherwise."""
@@ -55,8 +60,36 @@ def _cl_devices() -> tuple[Any, ...]:
             continue
     if not devices:
         raise BackendUnavailable(_NO_PLATFORM)
+    broken = {d: reason for d in devices if (reason := _cannot_compile(d))}
+    devices = [d for d in devices if d not in broken]
+    LEFT_OUT[:] = [f"{_describe(d)}: {reason}" for d, reason in broken.items()]
+    if not devices:
+        raise BackendUnavailable("opencl: no device can compile a kernel: " + "; ".join(
+            f"{_describe(d)}: {reason}" for d, reason in broken.items()))
     gpus = [d for d in devices if d.type & cl.device_type.GPU]
     return tuple(gpus + [d for d in devices if not d.type & cl.device_type.GPU])
+
+
+def _describe(device: Any) -> str:
+    return f"{device.name.strip()} ({device.platform.version.strip()})"
+
+
+def _cannot_compile(device: Any) -> str | None:
+    """Why the device's compiler fails on a trivial kernel, or None when it builds. A driver
+    can list a device it cannot compile for: PoCL 3.0 from pip (LLVM 14) names processors newer
+    than its LLVM "generic" and then rejects that name as a target."""
+    source = "__kernel void probe(__global float* a) { a[get_global_id(0)] += 1.0f; }"
+    try:
+        cl.Program(cl.Context([device]), source).build()
+    except cl.Error as err:
+        lines = [ln.strip() for ln in str(err).splitlines() if "error" in ln.lower()]
+        detail = next((ln for ln in lines if "clBuildProgram" not in ln), str(err).strip())
+        hint = ""
+        if "unknown target CPU" in detail:
+            hint = (" (its LLVM does not know this processor; a newer PoCL, such as the "
+                    "distribution's package pocl-opencl-icd, or another OpenCL driver works)")
+        return f"its compiler fails on a trivial kernel: {detail}{hint}"
+    return None
 
 
 def device_count() -> int:
