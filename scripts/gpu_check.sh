@@ -2,12 +2,13 @@
 # The whole GPU check, on a machine with an NVIDIA GPU: the test suite on cuda, opencl (the NVIDIA
 # OpenCL driver) and webgpu (NVIDIA Vulkan), then the benchmarks. Results go to $OUT (default
 # ./gpu-results): devices.txt, tests-<backend>.txt, bench.txt, bench.json, bench-jit.txt,
-# bench-gemm.txt, bench-conv.txt, bench-norm.txt, bench-loops.txt, bench-models-{train,infer}.txt
+# bench-gemm.txt, bench-conv.txt, bench-norm.txt, bench-loops.txt, bench-models-{train,infer}.txt,
+# bench-onnx.txt, onnx-nodes-<backend>.txt
 # (the models mode: MODELS, PRECISIONS, MODES, STEPS, BENCH_DEVICES choose what runs).
 #
 # Optional inputs in the repository root: .whl/ (wheels for packages the machine lacks, e.g.
 # pyopencl and wgpu, installed into /tmp/site) and .gl/ (Debian packages of the Vulkan loader).
-#   usage: [BACKENDS="cuda opencl"] [TESTS="tests/ops"] scripts/gpu_check.sh [tests|bench|models|all]
+#   usage: [BACKENDS="cuda opencl"] [TESTS="tests/ops"] scripts/gpu_check.sh [tests|bench|models|onnx|all]
 #          [pytest args...]
 set -u
 cd "$(dirname "$0")/.."
@@ -60,6 +61,18 @@ if [ "$what" = models ] || [ "$what" = all ]; then
       --steps ${STEPS:-10} --compare torch --json 2>&1 | tee "$out/bench-models-$mode.txt" \
       || status=1
   done
+fi
+if [ "$what" = onnx ] || [ "$what" = all ]; then
+  # ONNX models beside PyTorch-CUDA and ONNX Runtime, then ONNX's node tests on each backend
+  # at once (each in its own process)
+  timeout "${BENCH_TIMEOUT:-540}" python3 benchmarks/bench_onnx.py --device ${ONNX_DEVICES:-cuda opencl webgpu cpu} \
+    2>&1 | tee "$out/bench-onnx.txt" || status=1
+  for backend in ${BACKENDS:-cuda opencl webgpu}; do
+    timeout "${TEST_TIMEOUT:-400}" python3 scripts/onnx_node_tests.py --device "$backend" \
+      >"$out/onnx-nodes-$backend.txt" 2>&1 &
+  done
+  wait
+  tail -n 4 "$out"/onnx-nodes-*.txt
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
   for backend in ${BACKENDS:-cuda opencl webgpu}; do

@@ -40,9 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if rx.search(c.name)]
     expected = read_expected()
     results = []
-    for case in cases:
+    for i, case in enumerate(cases, 1):
         r = run_case(case, args.device, args.timeout)
         results.append(r)
+        if not args.verbose and (i % 200 == 0 or i == len(cases)):
+            done = collections.Counter(x.status for x in results)
+            print(f"[{i}/{len(cases)}] {done['pass']} passed, {done['fail']} failed, "
+                  f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
         if args.verbose:
             extra = f"  {r.message}" if r.message else ""
             print(f"{r.status.upper():4} {r.seconds:6.2f}s {r.name}{extra}", flush=True)

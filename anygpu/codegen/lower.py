@@ -49,6 +49,7 @@ class KernelSpec:
     shape: Shape
     reduce_axes: tuple[int, ...]
     reduced_output: bool
+    reduction: Lazy | None = None  # the reduction the kernel's loop computes
 
 
 def _first_reduces(root: Lazy) -> list[Lazy]:
@@ -71,12 +72,12 @@ def _first_reduces(root: Lazy) -> list[Lazy]:
 
 def choose_spec(root: Lazy) -> KernelSpec:
     if root.op in REDUCE:
-        return KernelSpec(root, root.srcs[0].shape, root.arg, True)
+        return KernelSpec(root, root.srcs[0].shape, root.arg, True, root)
     for red in _first_reduces(root):
         if red.numel == root.numel:
-            return KernelSpec(root, red.srcs[0].shape, red.arg, True)
+            return KernelSpec(root, red.srcs[0].shape, red.arg, True, red)
         if red.srcs[0].shape == root.shape:
-            return KernelSpec(root, root.shape, red.arg, False)
+            return KernelSpec(root, root.shape, red.arg, False, red)
     return KernelSpec(root, root.shape, (), False)
 
 

@@ -25,7 +25,7 @@ from anygpu.dtype import DType, bfloat16, float16
 from anygpu.graph.lazy import (Lazy, contiguous_run, is_boundary, is_view_of_buffer,
                                pending_readers)
 from anygpu.ops.linalg import get_float32_matmul_precision
-from anygpu.ops.primitives import MOVEMENT, REDUCE, Op
+from anygpu.ops.primitives import ELEMENTWISE, MOVEMENT, REDUCE, Op
 from anygpu.runtime.base import Buffer, Device, Program
 from anygpu.runtime.registry import get_device
 
@@ -79,8 +79,9 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
         items.append(CopyItem(node))
         return
     _split_reduction(node)
-    _unfold_windows(node)
     spec = lower.choose_spec(node)
+    _unfold_windows(spec)
+    _store_costly_operands(spec)
     signature, walk, leaves = _signature(node, spec)
     cached = _ast_cache.get(signature)
     if cached is None:
@@ -193,14 +194,14 @@ _UNFOLD_MIN = 1 << 24
 _UNFOLD_MAX = 1 << 28  # bytes an unfolded operand may take at most
 
 
-def _unfold_windows(root: Lazy) -> None:
+def _unfold_windows(spec: lower.KernelSpec) -> None:
     """On the processor, a large convolution-like product (a sum of a product over more axes
     than a batched matrix product has) gets each operand that is a window view or out of order
     written out first (im2col, one copy kernel each) in the order BLAS reads: axes both
     operands have, then its own rows or columns, then the summed axes. The product then reads
     plain buffers and goes through BLAS (forward, data and weight gradients alike)."""
-    node = _sum_below(root)
-    if node is None or node.device.split(":")[0] != "cpu":
+    node = spec.reduction
+    if node is None or node.op is not Op.SUM or node.device.split(":")[0] != "cpu":
         return
     product = node.srcs[0]
     if product.op is not Op.MUL or product.numel < _UNFOLD_MIN or len(product.shape) < 5 or \
@@ -230,6 +231,49 @@ def _unfold_windows(root: Lazy) -> None:
         unfolded = operands[0].alu(Op.MUL, operands[1])
         node.srcs = (unfolded,)
         unfolded.consumers.append(weakref.ref(node))
+
+
+# A product's operand that is an elementwise computation is fused into the product's loads and
+# so computed again for each row or column tile that reads it: cheap work (a bias and an
+# activation, batch norm's scale and shift) costs less there than a store and a load, but above
+# this cost (ops, transcendental ones four each) the operand is stored first. Erf's GELU
+# (about 40) before a transformer's second linear layer ran 60x slower fused.
+_FUSED_OPERAND_COST = 12
+_COSTLY = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.DIV, Op.IDIV, Op.MOD})
+
+
+def _operand_cost(node: Lazy, root: Lazy, limit: int) -> int:
+    """The elementwise work a kernel computing ``root`` would fuse under ``node``, per element
+    (up to ``limit``: the walk stops there). Work on fewer elements broadcast to the operand's
+    shape (batch norm's per-channel scale, say) does not count."""
+    cost, seen, stack = 0, set(), [node]
+    while stack and cost < limit:
+        n = stack.pop()
+        if id(n) in seen or is_boundary(n, root) or n.op in REDUCE or n.op is Op.GATHER or \
+                n.op is Op.EXPAND:
+            continue
+        seen.add(id(n))
+        if n.op in ELEMENTWISE:
+            cost += 4 if n.op in _COSTLY else 1
+        stack.extend(n.srcs)
+    return cost
+
+
+def _store_costly_operands(spec: lower.KernelSpec) -> None:
+    """Mark ``keep`` each operand of the product a kernel sums whose elementwise work is too
+    costly to repeat per tile (see _FUSED_OPERAND_COST)."""
+    node, root = spec.reduction, spec.root
+    if node is None or node.op is not Op.SUM or node.srcs[0].op is not Op.MUL:
+        return
+    for side in node.srcs[0].srcs:
+        if side.op is not Op.EXPAND or side.realized:
+            continue
+        below = side.srcs[0]
+        while below.op in MOVEMENT and not below.realized:
+            below = below.srcs[0]
+        if below.op in ELEMENTWISE and not is_boundary(below, root) and \
+                _operand_cost(below, root, _FUSED_OPERAND_COST) >= _FUSED_OPERAND_COST:
+            below.keep = True
 
 
 # Lowering is pure in the graph's structure, so kernels of the same structure (every step of a

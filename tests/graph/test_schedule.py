@@ -70,6 +70,25 @@ def test_matmul_with_fused_epilogue() -> None:
     assert kernels((x @ w + bias).relu()) == 1
 
 
+def test_a_costly_operand_of_a_product_is_stored_first() -> None:
+    # computed once, not again for each tile of the other side that reads it
+    x, w1, b1, w2 = t(8, 16), t(16, 32), t(32), t(32, 4)
+    h = x @ w1 + b1
+    assert kernels(h.relu() @ w2) == 2  # the first product, then relu fused into the second
+    assert kernels(h.gelu() @ w2) == 2  # GELU in the first product's epilogue, then stored
+    assert kernels((h * 0.5 * (1 + (h * 0.70710678).erf())) @ w2) == 2  # erf's GELU
+    # an operand with no product below it: a kernel of its own, then the product
+    items = sched.schedule([(((x.exp() * 2).exp() + 1).sqrt() @ w1).lazy])
+    assert [type(i) for i in items] == [KernelItem, KernelItem]
+    # the same graph computes the same values either way
+    rng = np.random.default_rng(3)
+    a = ag.tensor(rng.standard_normal((8, 16)).astype(np.float32))
+    m = ag.tensor(rng.standard_normal((16, 4)).astype(np.float32))
+    g = a.numpy()
+    np.testing.assert_allclose(((a.exp() + 1).sqrt().log() @ m).numpy(),
+                               np.log(np.sqrt(np.exp(g) + 1)) @ m.numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_cat_and_stack_are_one_kernel() -> None:
     a, b, c = t(2, 3), t(4, 3), t(1, 3)
     assert kernels(ag.cat([a, b, c])) == 1

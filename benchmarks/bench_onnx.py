@@ -1,0 +1,191 @@
+"""ONNX models on anygpu beside PyTorch eager on the same GPU and ONNX Runtime on the processor,
+in one run: ResNet-50 at batch 1 and 16 (224x224) and a BERT-base-shape encoder at batch 8 x 128
+tokens, exported from PyTorch with random weights.
+
+    python benchmarks/bench_onnx.py --device cuda opencl webgpu cpu
+    python benchmarks/bench_onnx.py --device cpu --models resnet50:1 --reps 5
+
+Each row is the median latency of a call after warm-up. On a GPU the inputs and outputs stay on
+the device on both sides (anygpu: Tensors in and out, then the device synchronized; PyTorch:
+CUDA tensors under ``no_grad``, then ``torch.cuda.synchronize``), and the ratio is anygpu's time
+over PyTorch-CUDA's. On ``cpu`` a call is NumPy in and out on both sides, beside ONNX Runtime's
+CPU provider, and the ratio is over ONNX Runtime's. Outputs are compared with ONNX Runtime's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+MODELS = ("resnet50:1", "resnet50:16", "bert:8")
+
+
+def _export(name: str, batch: int, folder: str) -> tuple[str, dict[str, np.ndarray], Any]:
+    """The model exported to ONNX (opset 17), its random inputs and the PyTorch module."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    torch.manual_seed(0)
+    if name == "resnet50":
+        import torchvision
+
+        module = torchvision.models.resnet50().eval()
+        feed = {"image": rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)}
+        outputs = ["logits"]
+    elif name == "bert":
+        from transformers import BertConfig, BertModel
+
+        class Encoder(torch.nn.Module):  # BERT-base's shape; the last hidden state out
+            def __init__(self) -> None:
+                super().__init__()
+                self.bert = BertModel(BertConfig(), add_pooling_layer=False)
+
+            def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+                return self.bert(input_ids=input_ids,
+                                 attention_mask=attention_mask).last_hidden_state
+
+        module = Encoder().eval()
+        feed = {"input_ids": rng.integers(0, 30522, (batch, 128)).astype(np.int64),
+                "attention_mask": np.ones((batch, 128), np.int64)}
+        outputs = ["hidden"]
+    else:
+        raise SystemExit(f"bench_onnx: no model {name!r} (resnet50, bert)")
+    path = os.path.join(folder, f"{name}-{batch}.onnx")
+    args = tuple(torch.from_numpy(v) for v in feed.values())
+    kwargs: dict[str, Any] = {"dynamo": False} if "dynamo" in \
+        torch.onnx.export.__code__.co_varnames else {}
+    torch.onnx.export(module, args, path, input_names=list(feed), output_names=outputs,
+                      opset_version=17, **kwargs)
+    return path, feed, module
+
+
+def _median(fn: Callable[[], Any], reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def _torch_cuda(module: Any, feed: dict[str, np.ndarray], reps: int) -> float:
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    m = module.cuda()
+    args = [torch.from_numpy(v).cuda() for v in feed.values()]
+
+    def call() -> None:
+        with torch.no_grad():
+            m(*args)
+        torch.cuda.synchronize()
+
+    ms = _median(call, reps)
+    module.cpu()
+    return ms
+
+
+def _anygpu(path: str, feed: dict[str, np.ndarray], device: str, reps: int,
+            reference: list[np.ndarray]) -> tuple[float, float, float]:
+    """First call (s), median ms and the largest difference from ONNX Runtime."""
+    import anygpu as ag
+    import anygpu.onnx as agx
+    from anygpu.runtime.registry import get_device
+
+    model = agx.load(path, device=device)
+    dev = get_device(device)
+    start = time.perf_counter()
+    got = model.run(None, feed)
+    first = time.perf_counter() - start
+    err = max(float(np.abs(g.astype(np.float64) - r).max()) for g, r in zip(got, reference))
+    if device == "cpu":
+        ms = _median(lambda: model.run(None, feed), reps)
+    else:
+        inputs = {k: ag.tensor(v, device=device) for k, v in feed.items()}
+
+        def call() -> None:
+            for out in model(**inputs):
+                out.realize()
+            dev.synchronize()
+
+        ms = _median(call, reps)
+    return first, ms, err
+
+
+def _profile(path: str, feed: dict[str, np.ndarray], device: str) -> str:
+    """anygpu.profile's table of one call without jit (each kernel on its own line)."""
+    import anygpu as ag
+    import anygpu.onnx as agx
+
+    model = agx.load(path, device=device, jit=False)
+    inputs = {k: ag.tensor(v, device=device) for k, v in feed.items()}
+    for out in model(**inputs):  # compiles
+        out.realize()
+    with ag.profile() as prof:
+        for out in model(**inputs):
+            out.realize()
+    return prof.summary()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", nargs="+", default=["cpu"])
+    parser.add_argument("--models", nargs="+", default=list(MODELS),
+                        help="NAME:BATCH pairs (resnet50, bert)")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--profile", action="store_true",
+                        help="after each row, anygpu.profile's table of one call without jit")
+    args = parser.parse_args(argv)
+
+    import onnxruntime as ort
+    import torch
+
+    cuda = torch.cuda.is_available()
+    print(f"{'model':12s} {'device':8s} {'first s':>8s} {'anygpu ms':>10s} {'peer':>18s} "
+          f"{'peer ms':>9s} {'ratio':>6s} {'max diff':>9s}")
+    with tempfile.TemporaryDirectory() as folder:
+        for spec in args.models:
+            name, _, batch = spec.partition(":")
+            path, feed, module = _export(name, int(batch or 1), folder)
+            session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+            reference = [np.asarray(r, np.float64) for r in session.run(None, feed)]
+            ort_ms = torch_ms = None
+            for device in args.device:
+                label = f"{name}:{batch}"
+                try:
+                    first, ms, err = _anygpu(path, feed, device, args.reps, reference)
+                except Exception as failure:  # one device's failure must not hide the others
+                    print(f"{label:12s} {device:8s} FAILED: {type(failure).__name__}: "
+                          f"{failure}")
+                    continue
+                if device == "cpu":
+                    if ort_ms is None:
+                        ort_ms = _median(lambda s=session, f=feed: s.run(None, f), args.reps)
+                    peer, peer_ms = "onnxruntime cpu", ort_ms
+                elif cuda:
+                    if torch_ms is None:
+                        torch_ms = _torch_cuda(module, feed, args.reps)
+                    peer, peer_ms = "torch cuda eager", torch_ms
+                else:
+                    peer, peer_ms = "none", float("nan")
+                print(f"{label:12s} {device:8s} {first:8.1f} {ms:10.2f} {peer:>18s} "
+                      f"{peer_ms:9.2f} {ms / peer_ms:5.2f}x {err:9.2e}")
+                if args.profile:
+                    print(_profile(path, feed, device))
+                sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
