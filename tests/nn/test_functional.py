@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import anygpu as ag
+from anygpu.nn import convolution
 from anygpu.nn import functional as F
 
 torch = pytest.importorskip("torch")
@@ -161,7 +162,7 @@ WINOGRAD_CASES = [((1, 3, 8, 8), 4, 1, True), ((2, 5, 9, 7), 6, 1, False),
 def test_conv2d_winograd(device, close, randn, monkeypatch, shape, out, padding, bias):
     # F(2x2, 3x3) forced on: odd and even output sizes (a last half tile), batch 1, no padding,
     # with and without bias; forward and both gradients against PyTorch's direct convolution
-    monkeypatch.setattr(F, "WINOGRAD", True)
+    monkeypatch.setattr(convolution, "WINOGRAD", True)
     xh, wh = randn(shape, 30), randn((out, shape[1], 3, 3), 31)
     bh = randn((out,), 32) if bias else None
     x = ag.tensor(xh, device=device, requires_grad=True)
@@ -183,13 +184,13 @@ def test_conv2d_winograd(device, close, randn, monkeypatch, shape, out, padding,
 def test_winograd_choice(monkeypatch):
     # where it runs: float32 on GPUs from 128 channels on; never on the processor or for
     # 16-bit floats; the module switch overrides
-    monkeypatch.setattr(F, "WINOGRAD", None)
+    monkeypatch.setattr(convolution, "WINOGRAD", None)
     big, w = ag.randn(1, 128, 6, 6), ag.randn(128, 128, 3, 3)
-    assert not F._winograd_wins(big, w)  # cpu
-    monkeypatch.setattr(F, "WINOGRAD", True)
-    assert F._winograd_wins(big, w)
-    monkeypatch.setattr(F, "WINOGRAD", False)
-    assert not F._winograd_wins(big, w)
+    assert not convolution._winograd_wins(big, w)  # cpu
+    monkeypatch.setattr(convolution, "WINOGRAD", True)
+    assert convolution._winograd_wins(big, w)
+    monkeypatch.setattr(convolution, "WINOGRAD", False)
+    assert not convolution._winograd_wins(big, w)
 
 
 def test_pooling_functional(device, close, randn):

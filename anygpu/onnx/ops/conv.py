@@ -24,7 +24,7 @@ import numpy as np
 
 from anygpu import dtype as dt
 from anygpu.nn import functional as F
-from anygpu.nn.functional import _pool1d
+from anygpu.nn.convolution import _pool1d
 from anygpu.ops.indexing import scatter
 from anygpu.onnx.ops.common import const
 from anygpu.onnx.ops.table import Node, op

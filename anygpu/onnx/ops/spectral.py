@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from anygpu import dtype as dt
-from anygpu.nn.functional import _pool1d
+from anygpu.nn.convolution import _pool1d
 from anygpu.onnx import dtypes
 from anygpu.onnx.ops.common import axis as norm_axis
 from anygpu.onnx.ops.common import const, scalar
