@@ -7,7 +7,8 @@
 # (the models mode: MODELS, PRECISIONS, MODES, STEPS, BENCH_DEVICES choose what runs).
 #
 # Optional inputs in the repository root: .whl/ (wheels for packages the machine lacks, e.g.
-# pyopencl and wgpu, installed into /tmp/site) and .gl/ (Debian packages of the Vulkan loader).
+# pyopencl and wgpu, installed into /tmp/site; scripts/offline_wheels.sh downloads them) and .gl/
+# (Debian packages of the Vulkan loader).
 #   usage: [BACKENDS="cuda opencl"] [TESTS="tests/ops"] scripts/gpu_check.sh [tests|bench|models|onnx|all]
 #          [pytest args...]
 set -u

@@ -1,0 +1,58 @@
+"""``anygpu bench``: the seed benchmark's small configuration (batch 2, 64x64, two steps) of
+every model as a smoke test, its JSON rows, and the profiler's Chrome trace of the steps."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from anygpu.cli import bench
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers())
+    return parser.parse_args(["bench", *argv])
+
+
+@pytest.mark.parametrize("model", bench.MODELS)
+def test_small_training_step_of_every_model(device: str, model: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    if device.startswith("webgpu"):
+        pytest.skip("the smoke test runs on cpu, opencl and GPUs (webgpu: the model tests)")
+    code = bench.main(_args("train", "--model", model, "--batch", "2", "--size", "64",
+                            "--steps", "2", "--device", device, "--json"))
+    assert code == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+            if line.startswith("{")]
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row["framework"], row["mode"], row["model"], row["batch"], row["size"]) == \
+        ("anygpu", "train", model, 2, 64)
+    assert row["device"].startswith(device.split(":")[0]) and row["jit"]
+    assert 0 < row["ms"] and row["first_step_s"] > 0
+    assert row["images_per_s"] == pytest.approx(2 / row["ms"] * 1e3)
+    assert row["peak_mib"] > 0  # the weights and Adam's state at the least
+
+
+def test_profile_writes_a_chrome_trace(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    trace_path = tmp_path / "trace.json"
+    code = bench.main(_args("infer", "--model", "resnet18", "--batch", "2", "--size", "64",
+                            "--steps", "1", "--device", "cpu", "--no-jit", "--profile",
+                            str(trace_path)))
+    assert code == 0
+    out = capsys.readouterr().out
+    launches = int(re.search(r"(\d+) kernel launches", out).group(1))  # type: ignore[union-attr]
+    trace = json.loads(trace_path.read_text())
+    events = trace["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    # one complete event per launch, with the fields Perfetto needs
+    assert len(kernels) == launches > 0
+    for e in kernels:
+        assert e["ph"] == "X" and e["name"] and e["dur"] >= 0 and e["ts"] >= 0
+        assert "pid" in e and "tid" in e
