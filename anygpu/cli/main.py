@@ -5,6 +5,8 @@
     anygpu tune TARGET...     pre-tune the products and convolutions of a model on a GPU
     anygpu bench train|infer  time a CNN's training step or inference beside PyTorch
     anygpu run MODEL.onnx     run an ONNX model (random or given inputs), compare, time
+    anygpu generate FOLDER    continue a prompt with a local language model
+    anygpu chat FOLDER        chat with a local language model
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 from anygpu import config
 from anygpu.cli import bench
 from anygpu.cli import run as run_cmd
+from anygpu.llm import cli as llm_cmd
 
 
 def _self_test(device: str) -> str:
@@ -165,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.set_defaults(func=cmd_tune)
     bench.add_parser(sub)
     run_cmd.add_parser(sub)
+    llm_cmd.add_parsers(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -1,0 +1,55 @@
+"""Language-model inference: Hugging Face model folders (Llama 2 and 3, Mistral, Qwen2 and
+models of their shape) loaded offline, run with anygpu's kernels, a preallocated key/value cache
+and a captured decode step; greedy choice and sampling; chat templates. See docs/llm.md.
+
+>>> # import anygpu.llm
+>>> # lm = anygpu.llm.load("TinyLlama-1.1B-Chat-v1.0", device="cuda", max_seq_len=2048)
+>>> # lm.generate("The capital of France is", max_new_tokens=8)
+>>> # lm.chat([{"role": "user", "content": "Hello!"}], temperature=0.7, seed=0)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from anygpu.llm.config import ModelConfig, ModelFolderError
+from anygpu.llm.engine import LanguageModel, Stats
+from anygpu.llm.model import Transformer
+from anygpu.llm.sampling import Sampler
+from anygpu.llm.tokenizer import Tokenizer
+from anygpu.llm.weights import load_weights
+
+DEFAULT_MAX_SEQ_LEN = 4096
+
+
+def load(path: str | os.PathLike, device: str | None = None, dtype: Any = None,
+         max_seq_len: int | None = None, tokenizer: bool = True) -> LanguageModel:
+    """A model folder (``config.json``, safetensors weights, ``tokenizer.json``,
+    ``tokenizer_config.json``) loaded on ``device`` for generation; nothing is downloaded.
+
+    ``dtype`` ("float32", "float16", "bfloat16" or an anygpu dtype) is the compute dtype:
+    by default the weights' own where the device has it, else float32. ``max_seq_len`` sizes
+    the key/value cache (prompt and generated tokens together; default the model's
+    ``max_position_embeddings``, at most 4096). Without a ``tokenizer.json`` (or with
+    ``tokenizer=False``) the model takes and gives token ids only.
+    """
+    from anygpu.runtime.registry import get_device
+
+    folder = os.fspath(path)
+    if not os.path.isdir(folder):
+        raise ModelFolderError(f"{folder}: not a folder (a model folder holds config.json, "
+                               "the safetensors weights and tokenizer.json)")
+    cfg = ModelConfig.from_folder(folder)
+    dev = get_device(device)
+    weights, compute = load_weights(folder, cfg, dev, dtype)
+    length = max_seq_len or min(cfg.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
+    model = Transformer(cfg, weights, dev.name, compute, length)
+    tok = None
+    if tokenizer and os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        tok = Tokenizer.from_folder(folder)
+    return LanguageModel(model, tok, cfg, folder)
+
+
+__all__ = ["load", "LanguageModel", "Stats", "Sampler", "Tokenizer", "Transformer",
+           "ModelConfig", "ModelFolderError"]
