@@ -139,6 +139,13 @@ class CPUDevice(Device):
         threads = config.get().cpu_threads
         if threads:
             os.environ["OMP_NUM_THREADS"] = str(threads)
+        # Threads that finish a kernel spin briefly, then sleep (GNU OpenMP reads this when it
+        # loads, with the first kernel, unless PyTorch loaded it before; a setting of the
+        # user's stays). Spinning for long, they took the cores that BLAS's threads wanted
+        # after them: ResNet-50's inference on 2 cores took 480 ms, now 120. PyTorch's own
+        # OpenMP work keeps its speed at this count (sleeping at once cost it 1.5x).
+        if "OMP_WAIT_POLICY" not in os.environ:
+            os.environ.setdefault("GOMP_SPINCOUNT", "3000")
         self._info: DeviceInfo | None = None
 
     @property
