@@ -148,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="after each row, anygpu.profile's table of one call without jit")
     args = parser.parse_args(argv)
 
+    # the processor's kernels set how their OpenMP threads wait (runtime/cpu.py) when the
+    # OpenMP runtime loads; PyTorch loads the same runtime, so anygpu's first kernel runs first
+    import anygpu as ag
+    (ag.ones(2, device="cpu") + 1).numpy()
     import onnxruntime as ort
     import torch
 
