@@ -19,6 +19,7 @@ import numpy as np
 
 from anygpu import config, tune
 from anygpu.codegen import ir, lower
+from anygpu.codegen.templates import gemm
 from anygpu.codegen.render.cstyle import render
 from anygpu.codegen.render.wgsl import launch_groups
 from anygpu.dtype import DType, bfloat16, float16
@@ -433,6 +434,7 @@ refuse_reason: str | None = None
 def run(items: list[Item]) -> None:
     if refuse_reason and any(not item.output.realized for item in items):
         raise RuntimeError(refuse_reason)
+    _prebuild(items)
     for item in items:
         if item.output.realized:
             continue
@@ -522,27 +524,82 @@ def device_features(device: Device) -> dict:
     return features
 
 
+# Kernels lowered and rendered ahead by _prebuild (their programs compiled in parallel), by the
+# key of _compiled; prepare takes them from here.
+_rendered: dict[tuple, tuple[ir.Kernel, str]] = {}
+
+
+def _key(item: KernelItem, device: Device, features: dict) -> tuple:
+    return (item.signature, device.name, tuple(sorted(features.items())))
+
+
+def _lower(item: KernelItem, device: Device, features: dict,
+           inputs: Sequence[Buffer] | None) -> tuple[ir.Kernel, str]:
+    """The item's kernel and its source for ``device``, in a tuned configuration where one is
+    stored (``inputs``: the buffers to tune on, None where they are not computed yet)."""
+    ast = item.ast
+    for p in [ast.output, *ast.inputs]:
+        device.check_dtype(p.dtype)
+    lowering = time.perf_counter()
+    kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size, features)
+    source = render(kernel, device.dialect)
+    if "options" in kernel.meta:  # a template kernel: a tuned configuration may replace it
+        kernel, source = tune.choose(device, ast, kernel, source, features, inputs or [])
+    if config.get().debug >= 2:
+        print(source, file=sys.stderr)
+    if profiling is not None:
+        profiling.lowered(device, kernel.name, lowering)
+    return kernel, source
+
+
+def _prebuild(items: Sequence[Item]) -> None:
+    """Lower the kernels of ``items`` that no earlier step compiled and compile their programs
+    on several threads at once (a cold first step of a network compiles hundreds, one after
+    another otherwise). Templates that the tuner would time on their inputs are left to
+    ``prepare``, as is any kernel whose lowering fails here (it reports the error there)."""
+    if len(items) < 2:
+        return
+    todo: dict[Device, list[tuple[str, str]]] = {}
+    devices: dict[str, tuple[Device, dict]] = {}
+    for item in items:
+        if not isinstance(item, KernelItem) or item.output.realized or not item.signature:
+            continue
+        name = item.ast.output.device
+        if name not in devices:
+            device = get_device(name)
+            devices[name] = (device, device_features(device))
+        device, features = devices[name]
+        key = _key(item, device, features)
+        if key in _compiled or key in _rendered:
+            continue
+        if tune.level() > 0 and gemm.match(item.ast) is not None:
+            continue
+        try:
+            kernel, source = _lower(item, device, features, None)
+        except Exception:  # noqa: BLE001 (prepare lowers it again and raises)
+            continue
+        if len(_rendered) > 4096:  # left by steps that failed before running them
+            _rendered.clear()
+        _rendered[key] = (kernel, source)
+        if not device._disk_cached(source):
+            todo.setdefault(device, []).append((source, kernel.name))
+    for device, kernels in todo.items():
+        if len(kernels) > 1:
+            device.prebuild(kernels)
+
+
 def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
     """Compile (cached) the item's kernel for its device; allocate its output unless given."""
     ast = item.ast
     node = ast.output
     device = get_device(node.device)
     features = device_features(device)
-    key = (item.signature, device.name, tuple(sorted(features.items())))
+    key = _key(item, device, features)
     hit = _compiled.get(key) if item.signature else None
     if hit is None:
-        for p in [node, *ast.inputs]:
-            device.check_dtype(p.dtype)
-        lowering = time.perf_counter()
-        kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size, features)
-        source = render(kernel, device.dialect)
-        if "options" in kernel.meta:  # a template kernel: a tuned configuration may replace it
-            kernel, source = tune.choose(device, ast, kernel, source, features,
-                                         [input_buffer(inp) for inp in ast.inputs])
-        if config.get().debug >= 2:
-            print(source, file=sys.stderr)
-        if profiling is not None:
-            profiling.lowered(device, kernel.name, lowering)
+        ready = _rendered.pop(key, None)
+        kernel, source = ready if ready is not None else \
+            _lower(item, device, features, [input_buffer(inp) for inp in ast.inputs])
         program = device.program(source, kernel.name)
         if "host_contraction" in kernel.meta:
             program = device.contraction_program(program, kernel.meta["host_contraction"])

@@ -378,10 +378,13 @@ class Device:
             return
 
         def build(kernel: tuple[str, str]) -> None:
+            start = time.perf_counter()
             try:
                 self._compile_cached(*kernel)
             except Exception:  # noqa: BLE001 (reported again by program())
-                pass
+                return
+            if profiling is not None:
+                profiling.built(self, kernel[1], start, "compile")
 
         with ThreadPoolExecutor(min(len(kernels), os.cpu_count() or 1, 8)) as pool:
             list(pool.map(build, kernels))

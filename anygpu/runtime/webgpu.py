@@ -550,6 +550,9 @@ class WebGPUDevice(Device):
         self._validated = (source, module)
         return source.encode()
 
+    def prebuild(self, kernels: Sequence[tuple[str, str]]) -> None:
+        """Nothing to do ahead: validating WGSL is quick and the pipeline is built at load."""
+
     def _compile_cached(self, source: str, name: str) -> bytes:
         # The disk cache would store the source itself and save no work (the pipeline is built
         # at load either way), so it is skipped.
