@@ -1,5 +1,6 @@
 """``anygpu bench train|infer``: the seed CNN benchmark, one training step (forward, backward,
-Adam) or one inference pass of a standard model, beside PyTorch on the same device.
+Adam) or one inference pass of a standard model, beside PyTorch on the same device
+(``anygpu bench llm``, a language model's prefill and decode, is in anygpu/llm/bench.py).
 
     anygpu bench train --model resnet50 --batch 16 --size 224 --device cuda --compare torch
     anygpu bench infer --model all --device all --steps 20 --json
@@ -316,8 +317,12 @@ def plot(rows: Sequence[Row], path: str) -> None:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("bench", help="time a CNN's training step or inference beside PyTorch")
-    p.add_argument("mode", choices=("train", "infer"))
+    from anygpu.llm import bench as llm_bench
+
+    parser = sub.add_parser("bench", help="time a CNN's training step or inference, or a "
+                           "language model's prefill and decode, beside PyTorch")
+    modes = parser.add_subparsers(dest="mode", required=True)
+    p = argparse.ArgumentParser(add_help=False)  # the flags train and infer share
     p.add_argument("--model", default=["resnet18"], nargs="+",
                    help=f"{', '.join(MODELS)}, or all (any torchvision-named model anygpu has)")
     p.add_argument("--batch", type=int, default=16)
@@ -331,7 +336,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--plot", metavar="PNG", help="draw the table as a bar chart")
     p.add_argument("--profile", metavar="TRACE",
                    help="profile three more steps: print the summary, write a Chrome trace")
-    p.set_defaults(func=main)
+    for mode, what in (("train", "a training step"), ("infer", "an inference pass")):
+        modes.add_parser(mode, parents=[p], help=f"time {what} of a CNN").set_defaults(func=main)
+    llm_bench.add_parser(modes)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@
     anygpu demo [--device D]  train a small CNN on handwritten digits
     anygpu tune TARGET...     pre-tune the products and convolutions of a model on a GPU
     anygpu bench train|infer  time a CNN's training step or inference beside PyTorch
+    anygpu bench llm          a language model's prefill and decode, and the roofline share
     anygpu run MODEL.onnx     run an ONNX model (random or given inputs), compare, time
     anygpu generate FOLDER    continue a prompt with a local language model
     anygpu chat FOLDER        chat with a local language model
