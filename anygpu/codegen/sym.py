@@ -15,50 +15,102 @@ operands, which is what turns a reshape of a contiguous tensor back into plain s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from math import gcd
-from typing import Union
+from typing import Any, Union
 
 
-@dataclass(frozen=True)
-class Var:
+class _Node:
+    """Shared by the expression classes: the hash, the text and the bounds of a node are
+    computed once (expressions are immutable, and simplification asks for them again and
+    again: recomputing them made lowering a network's optimizer step take tens of seconds),
+    and equality looks at the hash before the fields."""
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash((type(self).__name__, *self._fields()))
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._hash == other._hash and self._fields() == other._fields()  # type: ignore
+
+    def _fields(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self._text
+
+    @cached_property
+    def _text(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        return self._bounds
+
+    @cached_property
+    def _bounds(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, eq=False)
+class Var(_Node):
     name: str
     size: int  # values 0 .. size-1
 
-    @property
-    def bounds(self) -> tuple[int, int]:
+    def _fields(self) -> tuple[Any, ...]:
+        return self.name, self.size
+
+    @cached_property
+    def _bounds(self) -> tuple[int, int]:
         return 0, self.size - 1
 
-    def __str__(self) -> str:
+    @cached_property
+    def _text(self) -> str:
         return self.name
 
 
-@dataclass(frozen=True)
-class Div:
+@dataclass(frozen=True, eq=False)
+class Div(_Node):
     a: "Lin"
     b: int
 
-    @property
-    def bounds(self) -> tuple[int, int]:
+    def _fields(self) -> tuple[Any, ...]:
+        return self.a, self.b
+
+    @cached_property
+    def _bounds(self) -> tuple[int, int]:
         lo, hi = self.a.bounds
         return lo // self.b, hi // self.b
 
-    def __str__(self) -> str:
+    @cached_property
+    def _text(self) -> str:
         return f"({_operand(self.a)}//{self.b})"
 
 
-@dataclass(frozen=True)
-class Mod:
+@dataclass(frozen=True, eq=False)
+class Mod(_Node):
     a: "Lin"
     b: int
 
-    @property
-    def bounds(self) -> tuple[int, int]:
+    def _fields(self) -> tuple[Any, ...]:
+        return self.a, self.b
+
+    @cached_property
+    def _bounds(self) -> tuple[int, int]:
         lo, hi = self.a.bounds
         if lo >= 0:
             return 0, min(self.b - 1, hi)
         return 0, self.b - 1
 
-    def __str__(self) -> str:
+    @cached_property
+    def _text(self) -> str:
         return f"({_operand(self.a)}%{self.b})"
 
 
@@ -74,15 +126,18 @@ def _key(atom: Atom) -> str:
     return f"{type(atom).__name__}:{atom}"
 
 
-@dataclass(frozen=True)
-class Lin:
+@dataclass(frozen=True, eq=False)
+class Lin(_Node):
     """sum(coeff * atom) + const. Build with the functions below, not directly."""
 
     terms: tuple[tuple[Atom, int], ...]
     const: int
 
-    @property
-    def bounds(self) -> tuple[int, int]:
+    def _fields(self) -> tuple[Any, ...]:
+        return self.terms, self.const
+
+    @cached_property
+    def _bounds(self) -> tuple[int, int]:
         lo = hi = self.const
         for atom, c in self.terms:
             alo, ahi = atom.bounds
@@ -109,7 +164,8 @@ class Lin:
     def __rmul__(self, c: int) -> "Lin":
         return mul(self, c)
 
-    def __str__(self) -> str:
+    @cached_property
+    def _text(self) -> str:
         parts = [str(a) if c == 1 else f"{a}*{c}" for a, c in self.terms]
         if self.const or not parts:
             parts.append(str(self.const))
@@ -192,7 +248,11 @@ def _split(x: Lin, b: int) -> tuple[Lin, Lin]:
 
 def div(x: "Lin | int", b: int) -> Lin:
     """Floor division by a positive constant."""
-    x = lin(x)
+    return _div(lin(x), b)
+
+
+@lru_cache(maxsize=1 << 16)
+def _div(x: Lin, b: int) -> Lin:
     if b == 1:
         return x
     lo, hi = x.bounds
@@ -231,7 +291,11 @@ def _split_small(x: Lin, b: int) -> tuple[int, Lin, Lin] | None:
 
 def mod(x: "Lin | int", b: int) -> Lin:
     """Floor modulo by a positive constant."""
-    x = lin(x)
+    return _mod(lin(x), b)
+
+
+@lru_cache(maxsize=1 << 16)
+def _mod(x: Lin, b: int) -> Lin:
     if b == 1:
         return const(0)
     _, rest = _split(x, b)

@@ -409,6 +409,11 @@ class Device:
         except OSError:
             pass
         binary = self.compile(source, name)
+        self._store_cached(source, binary)
+        return binary
+
+    def _store_cached(self, source: str, binary: bytes) -> None:
+        path = self._cache_file(source)
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
@@ -417,7 +422,6 @@ class Device:
             os.replace(tmp, path)  # atomic: concurrent processes never see half a file
         except OSError:
             pass  # a read-only cache directory only costs compile time
-        return binary
 
     def queue_timer(self) -> "QueueTimer":
         """A timer of the work queued on this device (``anygpu.profile`` uses one per device).

@@ -6,20 +6,26 @@ from anygpu.codegen import ir
 from anygpu.codegen.render.cstyle import BASE_TYPES, RENDERERS, CStyleRenderer, _walk, uses_dtype
 from anygpu.dtype import bfloat16, float16
 
+# Helpers sit inside include guards, so that several kernels' sources can be compiled as one
+# file (runtime/cpu.py compiles the new kernels of a step together)
 BF16_HELPERS = """\
+#ifndef ANYGPU_BF16_HELPERS
+#define ANYGPU_BF16_HELPERS
 static inline float bf16_to_f32(unsigned short x) {
   unsigned int u = ((unsigned int)x) << 16; float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned short f32_to_bf16(float f) {
   unsigned int u; memcpy(&u, &f, 4);
   if (f != f) return 0x7fc0;
   u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16); }
-static inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }"""
+static inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+#endif"""
 
 
 # the threads' partial maxima merge keeping NaN, as PyTorch's max does
-NANMAX = ("#pragma omp declare reduction(nanmax : float : omp_out = "
+NANMAX = ("#ifndef ANYGPU_NANMAX\n#define ANYGPU_NANMAX\n"
+          "#pragma omp declare reduction(nanmax : float : omp_out = "
           "(omp_in > omp_out || omp_in != omp_in) ? omp_in : omp_out) "
-          "initializer(omp_priv = -INFINITY)")
+          "initializer(omp_priv = -INFINITY)\n#endif")
 
 
 class CRenderer(CStyleRenderer):

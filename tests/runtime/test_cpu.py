@@ -1,0 +1,79 @@
+"""The cpu runtime: kernels compiled together into shared libraries, their cache notes, and the
+fallback when a library has gone from the cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from anygpu import config
+from anygpu.runtime import cpu
+
+SCALE = """#include <math.h>
+void scale(float* restrict out, const float* restrict a) {
+  for (int i = 0; i < 64; i++) out[i] = a[i] * FACTOR;
+}
+"""
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    """Every test compiles into its own program cache, never the user's."""
+    monkeypatch.setenv("ANYGPU_CACHE_DIR", str(tmp_path))
+    config.reload()
+    yield tmp_path
+    monkeypatch.undo()
+    config.reload()
+
+
+def _kernels(count: int) -> list[tuple[str, str]]:
+    # the same kernel name with different bodies, as a graph's kernels often have
+    return [(SCALE.replace("FACTOR", f"{k + 2}.0f"), "scale") for k in range(count)]
+
+
+def _run(dev: cpu.CPUDevice, source: str, name: str, a: np.ndarray) -> np.ndarray:
+    out, inp = dev.alloc(a.nbytes), dev.alloc(a.nbytes)
+    inp.copy_in(a)
+    dev.program(source, name)([out, inp])
+    return out.copy_out(np.empty_like(a))
+
+
+def test_prebuilt_kernels_share_libraries_and_compute_their_own_results(cache_dir, monkeypatch):
+    dev = cpu.CPUDevice()
+    kernels = _kernels(7)
+    dev.prebuild(kernels)
+    folder = cache_dir / "programs" / "cpu"
+    libraries = sorted(folder.glob("lib-*.so"))
+    assert 1 <= len(libraries) < len(kernels)
+    notes = [p for p in folder.iterdir() if not p.name.startswith("lib-")]
+    assert len(notes) == len(kernels)
+    assert all(p.read_bytes().startswith(cpu.SHARED_MARK) for p in notes)
+
+    calls: list[object] = []  # loading must not compile anything
+    monkeypatch.setattr(dev, "compile", lambda *args: calls.append(args))
+    a = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    for k, (source, name) in enumerate(kernels):
+        np.testing.assert_array_equal(_run(dev, source, name, a), a * np.float32(k + 2))
+    assert calls == []
+
+
+def test_a_deleted_library_is_compiled_again(cache_dir):
+    dev = cpu.CPUDevice()
+    kernels = _kernels(3)
+    dev.prebuild(kernels)
+    for lib in (cache_dir / "programs" / "cpu").glob("lib-*.so"):
+        lib.unlink()
+    a = np.random.default_rng(1).standard_normal(64).astype(np.float32)
+    source, name = kernels[2]
+    np.testing.assert_array_equal(_run(cpu.CPUDevice(), source, name, a), a * np.float32(4))
+
+
+def test_a_kernel_that_does_not_compile_reports_its_error(cache_dir):
+    dev = cpu.CPUDevice()
+    bad = ("void broken(float* restrict out) { out[0] = undefined_name; }", "broken")
+    dev.prebuild([*_kernels(2), bad])  # the library fails; nothing is cached for the batch
+    with pytest.raises(cpu.DeviceError, match="undefined_name"):
+        dev.program(*bad)
+    a = np.random.default_rng(2).standard_normal(64).astype(np.float32)
+    source, name = _kernels(2)[1]
+    np.testing.assert_array_equal(_run(dev, source, name, a), a * np.float32(3))
