@@ -77,12 +77,18 @@ class Var(_Node):
 
 
 @dataclass(frozen=True, eq=False)
-class Div(_Node):
+class _ByConstant(_Node):
+    """An expression of ``a`` and a positive constant ``b``."""
+
     a: "Lin"
     b: int
 
     def _fields(self) -> tuple[Any, ...]:
         return self.a, self.b
+
+
+class Div(_ByConstant):
+    """Floor division."""
 
     @cached_property
     def _bounds(self) -> tuple[int, int]:
@@ -94,13 +100,8 @@ class Div(_Node):
         return f"({_operand(self.a)}//{self.b})"
 
 
-@dataclass(frozen=True, eq=False)
-class Mod(_Node):
-    a: "Lin"
-    b: int
-
-    def _fields(self) -> tuple[Any, ...]:
-        return self.a, self.b
+class Mod(_ByConstant):
+    """Floor modulo."""
 
     @cached_property
     def _bounds(self) -> tuple[int, int]:
