@@ -8,6 +8,7 @@
     anygpu run MODEL.onnx     run an ONNX model (random or given inputs), compare, time
     anygpu generate FOLDER    continue a prompt with a local language model
     anygpu chat FOLDER        chat with a local language model
+    anygpu serve FOLDER       an OpenAI-compatible server for a local language model
 """
 
 from __future__ import annotations

@@ -24,15 +24,17 @@ DEFAULT_MAX_SEQ_LEN = 4096
 
 
 def load(path: str | os.PathLike, device: str | None = None, dtype: Any = None,
-         max_seq_len: int | None = None, tokenizer: bool = True) -> LanguageModel:
+         max_seq_len: int | None = None, tokenizer: bool = True,
+         max_batch: int = 1) -> LanguageModel:
     """A model folder (``config.json``, safetensors weights, ``tokenizer.json``,
     ``tokenizer_config.json``) loaded on ``device`` for generation; nothing is downloaded.
 
     ``dtype`` ("float32", "float16", "bfloat16" or an anygpu dtype) is the compute dtype:
     by default the weights' own where the device has it, else float32. ``max_seq_len`` sizes
     the key/value cache (prompt and generated tokens together; default the model's
-    ``max_position_embeddings``, at most 4096). Without a ``tokenizer.json`` (or with
-    ``tokenizer=False``) the model takes and gives token ids only.
+    ``max_position_embeddings``, at most 4096) and ``max_batch`` its number of slots: the
+    sequences that can decode together (``generate_batch``, the server). Without a
+    ``tokenizer.json`` (or with ``tokenizer=False``) the model takes and gives token ids only.
     """
     from anygpu.runtime.registry import get_device
 
@@ -44,7 +46,7 @@ def load(path: str | os.PathLike, device: str | None = None, dtype: Any = None,
     dev = get_device(device)
     weights, compute = load_weights(folder, cfg, dev, dtype)
     length = max_seq_len or min(cfg.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
-    model = Transformer(cfg, weights, dev.name, compute, length)
+    model = Transformer(cfg, weights, dev.name, compute, length, max_batch=max_batch)
     tok = None
     if tokenizer and os.path.isfile(os.path.join(folder, "tokenizer.json")):
         tok = Tokenizer.from_folder(folder)

@@ -1,16 +1,20 @@
-"""``anygpu generate`` and ``anygpu chat``: a local model folder on a device, from the shell.
+"""``anygpu generate``, ``anygpu chat`` and ``anygpu serve``: a local model folder on a device,
+from the shell.
 
     anygpu generate ./TinyLlama --prompt "Once upon a time" --max-new-tokens 64 --device cuda
     anygpu chat ./TinyLlama --temperature 0.7 --top-p 0.9
+    anygpu serve ./TinyLlama --host 127.0.0.1 --port 8000 --device cuda --max-batch 8
 
 ``chat`` streams the reply as it comes; a line ``/stats`` prints the last reply's prefill and
 decode speeds (tokens/s), ``/reset`` starts a new conversation and ``/exit`` (or end of input)
-leaves.
+leaves. ``serve`` answers OpenAI's chat and completion requests over HTTP (see
+``anygpu.llm.server``), decoding up to ``--max-batch`` of them together.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -112,8 +116,40 @@ def cmd_chat(args: argparse.Namespace) -> int:
         messages.append({"role": "assistant", "content": "".join(reply)})
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from anygpu import llm
+    from anygpu.llm import ModelFolderError
+
+    try:
+        import uvicorn
+
+        from anygpu.llm.server import build_app, warm_up
+    except ImportError as err:
+        print(f"anygpu serve: {err} (pip install 'anygpu[serve]')", file=sys.stderr)
+        return 2
+    if args.max_batch < 1 or args.max_queue < 0:
+        print("anygpu serve: --max-batch must be at least 1 and --max-queue at least 0",
+              file=sys.stderr)
+        return 2
+    try:
+        lm = llm.load(args.model, device=args.device, dtype=args.dtype,
+                      max_seq_len=args.max_seq_len, max_batch=args.max_batch)
+        name = args.model_name or os.path.basename(os.path.normpath(args.model))
+        app = build_app(lm, name, max_queue=args.max_queue)
+    except (ModelFolderError, ValueError) as err:
+        print(f"anygpu serve: {err}", file=sys.stderr)
+        return 2
+    print(f"{lm}: compiling the decode step", file=sys.stderr)
+    warm_up(lm)
+    print(f"serving '{name}' at http://{args.host}:{args.port}/v1 ({args.max_batch} slots, "
+          f"{args.max_queue} may wait)", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
 def add_parsers(sub: Any) -> None:
-    """Register ``generate`` and ``chat`` on the ``anygpu`` command's subparsers."""
+    """Register ``generate``, ``chat`` and ``serve`` on the ``anygpu`` command's
+    subparsers."""
     p = sub.add_parser("generate", help="continue a prompt with a local language model",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p)
@@ -126,3 +162,26 @@ def add_parsers(sub: Any) -> None:
     _add_common(p)
     p.add_argument("--system", default=None, help="a system message to start with")
     p.set_defaults(func=cmd_chat)
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server for a local language "
+                       "model", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="a Hugging Face model folder (config.json, *.safetensors, "
+                   "tokenizer.json)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", default=None, help='e.g. "cpu", "cuda", "opencl", "webgpu" '
+                   "(default: ANYGPU_DEVICE, else cpu)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                   help="compute dtype (default: the weights', where the device has it)")
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="tokens per sequence in the key/value cache (default: the model's, "
+                   "<= 4096)")
+    p.add_argument("--max-batch", type=int, default=8,
+                   help="sequences decoded together: the cache's slots (default 8)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests that may wait for a slot; more are answered 429 (default 64)")
+    p.add_argument("--model-name", default=None,
+                   help="the name clients ask for (default: the folder's name)")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=cmd_serve)

@@ -1,18 +1,22 @@
 """Generation: a loaded model, its tokenizer and the loop that feeds it one token at a time.
 
 ``LanguageModel.generate`` runs the prompt through the model once (prefill), then one token per
-step (decode) through a captured ``anygpu.jit`` step whose inputs are the token and its position
-as device tensors, so every step replays the same kernels. Tokens whose keys and values are
-already in the cache (the conversation so far, in a chat) are not run again: a new prompt that
-starts with them only runs what follows, padded to a power of two in length so that
-prompts of many lengths share a few sets of kernels.
+step (decode) through a captured ``anygpu.jit`` step whose inputs are the tokens and their
+positions as device tensors, so every step replays the same kernels. The cache has
+``max_batch`` slots, one sequence each: ``generate`` and ``chat`` use slot 0, and
+``decode_batch`` runs one token for each of several slots in the same step (the step always
+runs every slot; those not given sit it out), which is what ``generate_batch`` and the server
+(continuous batching, ``anygpu.llm.batch``) build on. Tokens whose keys and values are already
+in a slot (the conversation so far, in a chat) are not run again: a new prompt that starts
+with them only runs what follows, padded to a power of two in length so that prompts of many
+lengths share a few sets of kernels.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -56,6 +60,7 @@ class LanguageModel:
                  folder: str) -> None:
         self.model, self.tokenizer, self.config, self.folder = model, tokenizer, config, folder
         self.device, self.dtype, self.max_seq_len = model.device, model.dtype, model.max_seq_len
+        self.max_batch = model.max_batch
         eos = list(config.eos_token_ids)
         if not eos and tokenizer is not None:
             eos_id = tokenizer.token_id(tokenizer.eos_token)
@@ -63,19 +68,33 @@ class LanguageModel:
         self.eos_token_ids: tuple[int, ...] = tuple(eos)
         self.stats = Stats()
         self._decode = jit(model.forward)
-        self._cached: list[int] = []  # tokens whose keys and values sit in the cache, in order
+        # per slot: the tokens whose keys and values sit in its cache, in order
+        self._cached: list[list[int]] = [[] for _ in range(self.max_batch)]
 
-    def reset(self) -> None:
-        """Forget the tokens in the cache (the next prompt runs from its start)."""
-        self._cached = []
+    def reset(self, slot: int | None = None) -> None:
+        """Forget the tokens in the cache, of one slot or of all (the next prompt runs from
+        its start)."""
+        for s in range(self.max_batch) if slot is None else [self._slot(slot)]:
+            self._cached[s] = []
+
+    def cached(self, slot: int = 0) -> list[int]:
+        """The tokens whose keys and values sit in ``slot``, in order."""
+        return list(self._cached[self._slot(slot)])
+
+    def _slot(self, slot: int) -> int:
+        if not 0 <= slot < self.max_batch:
+            raise ValueError(f"slot {slot} is outside the cache's 0..{self.max_batch - 1} "
+                             f"(max_batch {self.max_batch})")
+        return slot
 
     # ---- the model on tokens -----------------------------------------------------------------
-    def _tensor(self, values: Sequence[int]) -> Tensor:
+    def _tensor(self, values: Sequence[int] | np.ndarray) -> Tensor:
         return Tensor(np.asarray(values, dtype=np.int32), device=self.device, dtype=dt.int32)
 
-    def prefill(self, ids: Sequence[int]) -> np.ndarray:
-        """Logits (vocab,) after ``ids``; only the tokens after the longest prefix already in the
-        cache run."""
+    def prefill(self, ids: Sequence[int], slot: int = 0) -> np.ndarray:
+        """Logits (vocab,) after ``ids``, whose keys and values go into ``slot``; only the
+        tokens after the longest prefix already in that slot run."""
+        slot = self._slot(slot)
         ids = [int(i) for i in ids]
         if not ids:
             raise ValueError("the prompt has no tokens")
@@ -86,30 +105,45 @@ class LanguageModel:
         bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
-        same = 0
-        for a, b in zip(self._cached, ids[:-1]):  # the last token always runs: its logits
-            if a != b:
-                break
-            same += 1
+        same = common_prefix(self._cached[slot], ids[:-1])  # the last token runs: its logits
         start = time.perf_counter()
         new = ids[same:]
         padded = new + [0] * (_bucket(len(new)) - len(new))
+        self._cached[slot] = []  # what the slot held past the prefix is overwritten now
         logits = self.model.forward(self._tensor(padded), self._tensor([same]),
-                                    self._tensor([len(new) - 1])).numpy()
+                                    self._tensor([len(new) - 1]), self._tensor([slot])).numpy()
         self.stats.prefill_seconds += time.perf_counter() - start
         self.stats.prefill_tokens += len(new)
-        self._cached = ids
+        self._cached[slot] = ids
         return logits[0]
 
-    def decode(self, token: int) -> np.ndarray:
-        """Logits (vocab,) after feeding ``token`` at the next position of the cache."""
-        position = len(self._cached)
-        if position >= self.max_seq_len:
-            raise ValueError(f"the cache is full (max_seq_len {self.max_seq_len})")
-        logits = self._decode(self._tensor([token]), self._tensor([position]),
-                              self._tensor([0])).numpy()
-        self._cached.append(int(token))
-        return logits[0]
+    def decode(self, token: int, slot: int = 0) -> np.ndarray:
+        """Logits (vocab,) after feeding ``token`` at the next position of ``slot``."""
+        return self.decode_batch({slot: token})[slot]
+
+    def decode_batch(self, tokens: Mapping[int, int]) -> dict[int, np.ndarray]:
+        """One decode step for several sequences at once: ``{slot: token}`` in, ``{slot:
+        logits (vocab,)}`` out, each token fed at the next position of its slot. The step runs
+        every slot of the cache (those not given sit it out), so its kernels are the same
+        whichever sequences run."""
+        if not tokens:
+            raise ValueError("decode_batch needs at least one slot's token")
+        vocab = self.config.vocab_size
+        ids = np.zeros((self.max_batch, 1), dtype=np.int32)
+        starts = np.full(self.max_batch, -1, dtype=np.int32)
+        for slot, token in tokens.items():
+            position = len(self._cached[self._slot(slot)])
+            if position >= self.max_seq_len:
+                raise ValueError(f"the cache of slot {slot} is full (max_seq_len "
+                                 f"{self.max_seq_len})")
+            if not 0 <= int(token) < vocab:
+                raise ValueError(f"token id {token} is outside the vocabulary (0..{vocab - 1})")
+            ids[slot, 0], starts[slot] = int(token), position
+        logits = self._decode(self._tensor(ids), self._tensor(starts),
+                              self._tensor(np.zeros(self.max_batch, np.int32))).numpy()
+        for slot, token in tokens.items():
+            self._cached[slot].append(int(token))
+        return {slot: logits[slot] for slot in tokens}
 
     # ---- generation --------------------------------------------------------------------------
     def _tokens(self, ids: list[int], max_new_tokens: int, sampler: Sampler,
@@ -126,7 +160,7 @@ class LanguageModel:
                 return
             seen.append(token)
             yield token
-            if n + 1 == max_new_tokens or len(self._cached) >= self.max_seq_len:
+            if n + 1 == max_new_tokens or len(self._cached[0]) >= self.max_seq_len:
                 return
             start = time.perf_counter()
             logits = self.decode(token)
@@ -153,25 +187,16 @@ class LanguageModel:
         """The text of ``tokens`` in pieces as they come, ending before the first stop string.
         Text that may be the start of a stop string, or an incomplete character, is held back
         until the next token settles it."""
-        decode = self._decoder(context)
-        generated: list[int] = []
-        emitted = 0
-        text = ""
+        text = TextStream(self._decoder(context), stop)
         for token in tokens:
-            generated.append(token)
-            text = decode(generated)
-            found = [i for i in (text.find(s) for s in stop) if i >= 0]
-            if found:
-                yield text[emitted:min(found)]
+            piece = text.push(token)
+            if piece:
+                yield piece
+            if text.stopped:
                 return
-            if text.endswith("\ufffd"):  # a character split across tokens
-                continue
-            safe = len(text) - _held_back(text, stop)
-            if safe > emitted:
-                yield text[emitted:safe]
-                emitted = safe
-        if len(text) > emitted:
-            yield text[emitted:]
+        piece = text.finish()
+        if piece:
+            yield piece
 
     def _ids_until_stop(self, tokens: Iterator[int], stop: Sequence[str], context: list[int]
                         ) -> Iterator[int]:
@@ -225,6 +250,54 @@ class LanguageModel:
                           logits_processor)
         return self._generate(ids, True, max_new_tokens, sampler, stop, stream, ignore_eos)
 
+    def generation(self, prompt: str | Sequence[int], max_new_tokens: int = 128,
+                   temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                   min_p: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None,
+                   stop: str | Sequence[str] | None = None,
+                   logits_processor: LogitsProcessor | None = None, ignore_eos: bool = False,
+                   as_text: bool | None = None) -> Any:
+        """A ``anygpu.llm.batch.Generation`` of ``prompt`` with ``generate``'s settings, for a
+        ``Batch`` to run. Text is followed (``generation.output``) when the prompt is text or
+        ``as_text`` is set; a string prompt gets the tokenizer's special tokens."""
+        from anygpu.llm.batch import Generation
+
+        if isinstance(prompt, str):
+            ids = self._need_tokenizer().encode(prompt)
+        else:
+            ids = [int(i) for i in prompt]
+        if as_text is None:
+            as_text = isinstance(prompt, str)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        text = None
+        if as_text or stops:
+            text = TextStream(self._decoder(ids), stops)
+        sampler = Sampler(temperature, top_k, top_p, min_p, repetition_penalty, seed,
+                          logits_processor)
+        return Generation(ids, sampler, max_new_tokens, self.eos_token_ids, ignore_eos, text)
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 128,
+                       temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                       min_p: float = 0.0, repetition_penalty: float = 1.0,
+                       seed: int | None = None, stop: str | Sequence[str] | None = None,
+                       logits_processor: LogitsProcessor | None = None,
+                       ignore_eos: bool = False) -> list[Any]:
+        """``generate`` for each of ``prompts``, decoded together: up to ``max_batch`` at a
+        time share each decode step, and a prompt joins as soon as another one ends (each
+        gets its own sampler, seeded with ``seed``). The results, in order, are what
+        ``generate`` gives for each alone: new text for a text prompt, new ids for ids.
+
+        >>> # lm = anygpu.llm.load(folder, max_batch=8)
+        >>> # lm.generate_batch(["Once upon", "The capital of"], max_new_tokens=16)
+        """
+        from anygpu.llm.batch import Batch
+
+        generations = [self.generation(p, max_new_tokens, temperature, top_k, top_p, min_p,
+                                       repetition_penalty, seed, stop, logits_processor,
+                                       ignore_eos) for p in prompts]
+        Batch(self).run(generations)
+        return [g.output if isinstance(p, str) else g.tokens
+                for g, p in zip(generations, prompts)]
+
     def _generate(self, ids: list[int], as_text: bool, max_new_tokens: int, sampler: Sampler,
                   stop: str | Sequence[str] | None, stream: bool, ignore_eos: bool) -> Any:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
@@ -246,7 +319,60 @@ class LanguageModel:
     def __repr__(self) -> str:
         c = self.config
         return (f"LanguageModel({c.model_type}, {c.num_layers} layers, hidden {c.hidden_size}, "
-                f"{self.device}, {self.dtype.name}, max_seq_len {self.max_seq_len})")
+                f"{self.device}, {self.dtype.name}, max_seq_len {self.max_seq_len}, "
+                f"max_batch {self.max_batch})")
+
+
+class TextStream:
+    """The text of generated tokens, in pieces as they come, ending before the first stop
+    string. Text that may be the start of a stop string, or an incomplete character, is held
+    back until a later token settles it.
+
+    >>> text = TextStream(lambda ids: "".join("ab!c"[i] for i in ids), ["!"])
+    >>> [text.push(0), text.push(1), text.push(2), text.stopped]
+    ['a', 'b', '', True]
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], stop: Sequence[str] = ()) -> None:
+        self.decode, self.stop = decode, list(stop)
+        self.generated: list[int] = []
+        self.text = ""  # all the text so far, stop string and what follows it included
+        self.emitted = 0  # characters handed out
+        self.stopped = False  # a stop string has appeared
+
+    def push(self, token: int) -> str:
+        """The new text that ``token`` settles ("" when it is held back)."""
+        if self.stopped:
+            raise ValueError("the text has ended at a stop string")
+        self.generated.append(int(token))
+        text = self.text = self.decode(self.generated)
+        found = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if found:
+            self.stopped = True
+            return self._emit(min(found))
+        if text.endswith("\ufffd"):  # a character split across tokens
+            return ""
+        return self._emit(len(text) - _held_back(text, self.stop))
+
+    def finish(self) -> str:
+        """The text held back, at the end of the generation (none after a stop string)."""
+        return "" if self.stopped else self._emit(len(self.text))
+
+    def _emit(self, end: int) -> str:
+        if end <= self.emitted:
+            return ""
+        piece, self.emitted = self.text[self.emitted:end], end
+        return piece
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common start of ``a`` and ``b``."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _bucket(length: int) -> int:

@@ -1,17 +1,20 @@
 """The Llama-family decoder in anygpu ops, with a key/value cache of fixed size.
 
-``Transformer.forward(tokens, start)`` runs ``L`` tokens that sit at positions ``start ..
-start + L - 1``: it writes their keys and values into each layer's cache (preallocated,
-``(kv_heads, max_seq_len, head_dim)``) and returns the logits of the last token. Both inputs are
-device tensors, so one captured decode step (``L == 1``) replays for every position: the
-position enters the kernels as data (the rows of the RoPE tables it gathers, the cache rows it
-writes, the keys it masks), never as a constant of their source. Prefill is the same function
-over the prompt.
+The cache holds ``max_batch`` sequences, one slot each: per layer ``(max_batch, kv_heads,
+max_seq_len, head_dim)``, preallocated. ``Transformer.forward(tokens, start, last, slot)`` runs
+either one sequence's ``L`` tokens at positions ``start .. start + L - 1`` into slot ``slot``
+(prefill), or one token for every slot at once (decode: ``tokens`` (max_batch, 1), ``start``
+the position of each, -1 for a slot that sits the step out). It writes the new keys and values
+into the cache and returns the logits of one token per row. Every input is a device tensor, so
+one captured decode step replays for every position and every mix of running sequences: the
+positions and the slot enter the kernels as data (the rows of the RoPE tables gathered, the
+cache rows written, the keys masked), never as constants of their source. Prefill is the same
+function over the prompt.
 
-Attention runs over the whole cache with a mask of the positions written so far (keys after the
-query's position, and before its window where a layer has one, are left out); grouped-query
-attention folds each key/value head's group of query heads into its rows instead of repeating
-the cache.
+Attention runs over the slot's whole cache with a mask of the positions written so far (keys
+after the query's position, and before its window where a layer has one, are left out);
+grouped-query attention folds each key/value head's group of query heads into its rows instead
+of repeating the cache.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ def _linear(x: Tensor, weight: tuple[Tensor, Tensor | None]) -> Tensor:
 
 
 class Transformer:
-    """A decoder-only model of the Llama family on one device, in one compute dtype.
+    """A decoder-only model of the Llama family on one device, in one compute dtype, with a
+    cache of ``max_batch`` sequences of ``max_seq_len`` tokens.
 
     >>> import numpy as np, anygpu as ag
     >>> from anygpu.llm.config import ModelConfig
@@ -58,24 +62,31 @@ class Transformer:
     >>> rng = np.random.default_rng(0)
     >>> w = {k: ag.tensor(rng.standard_normal(s).astype(np.float32))
     ...      for k, s in expected_shapes(cfg).items()}
-    >>> model = Transformer(cfg, w, "cpu:0", ag.float32, max_seq_len=8)
-    >>> tokens, start, last = (ag.tensor(v, dtype=ag.int32) for v in ([1, 2, 3], [0], [2]))
-    >>> model.forward(tokens, start, last).shape
+    >>> model = Transformer(cfg, w, "cpu:0", ag.float32, max_seq_len=8, max_batch=2)
+    >>> tokens, start, last, slot = (ag.tensor(v, dtype=ag.int32)
+    ...                              for v in ([1, 2, 3], [0], [2], [1]))
+    >>> model.forward(tokens, start, last, slot).shape  # a prompt into slot 1
     (1, 16)
+    >>> step = [ag.tensor(v, dtype=ag.int32) for v in ([[0], [4]], [-1, 3], [0, 0])]
+    >>> model.forward(*step).shape  # one token for each slot; slot 0 sits it out
+    (2, 16)
     """
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, Tensor], device: str,
-                 dtype: dt.DType, max_seq_len: int) -> None:
+                 dtype: dt.DType, max_seq_len: int, max_batch: int = 1) -> None:
         if max_seq_len < 1:
             raise ValueError(f"max_seq_len must be at least 1, got {max_seq_len}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.cfg, self.device, self.dtype, self.max_seq_len = cfg, device, dtype, max_seq_len
+        self.max_batch = max_batch
         cos, sin = cfg.rope_tables(max_seq_len)
         self.cos = Tensor(cos, device=device, dtype=dtype).realize()
         self.sin = Tensor(sin, device=device, dtype=dtype).realize()
         self.embed = weights["model.embed_tokens.weight"]
         self.norm = weights["model.norm.weight"]
         self.lm_head = self.embed if cfg.tie_word_embeddings else weights["lm_head.weight"]
-        cache_shape = (cfg.num_kv_heads, max_seq_len, cfg.head_dim)
+        cache_shape = (max_batch, cfg.num_kv_heads, max_seq_len, cfg.head_dim)
         window = cfg.sliding_window
         self.layers = []
         for i in range(cfg.num_layers):
@@ -103,64 +114,101 @@ class Transformer:
         return weight * normed.cast(x.dtype)
 
     def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """``x`` (heads, L, head_dim) rotated: the halves swapped by a flip (a view), the
-        sine's sign folded into its table."""
-        heads, length, dim = x.shape
-        swapped = x.reshape(heads, length, 2, dim // 2).flip((2,)).reshape(heads, length, dim)
+        """``x`` (rows, heads, L, head_dim) rotated: the halves swapped by a flip (a view),
+        the sine's sign folded into its table."""
+        rows, heads, length, dim = x.shape
+        swapped = x.reshape(rows, heads, length, 2, dim // 2).flip((3,)) \
+            .reshape(rows, heads, length, dim)
         return x * cos + swapped * sin
 
-    def _write_cache(self, cache: Tensor, new: Tensor, written: Tensor, source: Tensor) -> None:
-        """Rows ``start .. start + L - 1`` of ``cache`` become ``new``'s rows: one in-place
+    def _write_cache(self, cache: Tensor, new: Tensor, written: Tensor,
+                     source: Tensor | None) -> None:
+        """The rows ``written`` (max_batch, max_seq_len) of ``cache`` become rows of ``new``
+        (rows, kv_heads, L, head_dim): row ``source`` of the slot's sequence. One in-place
         kernel over the cache that picks, per row, the new value or the old."""
-        length = new.shape[1]
-        rows = new.expand(cache.shape) if length == 1 else new.index_select(1, source)
-        cache.assign(where(written.reshape(1, -1, 1), rows, cache))
+        if source is None:  # one new row each
+            rows = new.expand(new.shape[0], new.shape[1], cache.shape[2], new.shape[3])
+        else:
+            rows = new.index_select(2, source)
+        rows = rows.expand(cache.shape)
+        cache.assign(where(written.reshape(cache.shape[0], 1, cache.shape[2], 1), rows, cache))
 
-    def forward(self, tokens: Tensor, start: Tensor, last: Tensor) -> Tensor:
-        """Logits (1, vocab) in float32 of ``tokens[last[0]]``, where ``tokens`` (L,) int32 sit
-        at positions ``start[0] ..``; their keys and values go into the cache.
+    def forward(self, tokens: Tensor, start: Tensor, last: Tensor,
+                slot: Tensor | None = None) -> Tensor:
+        """Logits (rows, vocab) in float32 of token ``last[r]`` of each row of ``tokens``
+        (rows, L) int32 (or (L,): one row), whose tokens sit at positions ``start[r] ..``;
+        their keys and values go into the cache.
+
+        With ``slot`` (1,) the one row is a sequence in that slot of the cache. Without it the
+        rows are the slots, all ``max_batch`` of them, one token each (a decode step); a row
+        whose ``start`` is negative sits the step out: it writes nothing and its logits are
+        meaningless.
 
         Tokens after ``last`` may be padding (a prompt padded to a length whose kernels exist
         already): their cache rows lie past the real tokens, where no query looks before a
         later token overwrites them, and rows past the cache's end are not written."""
-        cfg = self.cfg
-        length, total = tokens.shape[0], self.max_seq_len
+        cfg, device = self.cfg, self.device
+        if len(tokens.shape) == 1:
+            tokens = tokens.reshape(1, tokens.shape[0])
+        rows, length = tokens.shape
+        slots, total = self.max_batch, self.max_seq_len
+        if slot is None and rows != slots:
+            raise ValueError(f"without a slot, forward runs every slot of the cache: {slots} "
+                             f"rows, got {rows}")
+        if slot is not None and rows != 1:
+            raise ValueError(f"a slot holds one sequence, got {rows} rows")
+        if slot is None and length > 1 and rows > 1:
+            raise ValueError(f"a step of every slot runs one token each, got {length}")
         heads, kv_heads, dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         group = heads // kv_heads
-        positions = start + arange(length, dtype=dt.int32, device=self.device)  # (L,)
-        table_rows = positions.clip(max=total - 1)  # padding may run past the cache
-        cos, sin = self.cos.index_select(0, table_rows), self.sin.index_select(0, table_rows)
-        columns = arange(total, dtype=dt.int32, device=self.device)  # cache rows
-        causal = columns.reshape(1, total) <= positions.reshape(length, 1)  # (L, S)
+        offsets = arange(length, dtype=dt.int32, device=device).reshape(1, length)
+        positions = start.reshape(rows, 1) + offsets  # (rows, L)
+        # padding may run past the cache, and a row sitting the step out starts before it
+        clipped = positions.clip(0, total - 1)
+        cos = self.cos.index_select(0, clipped.reshape(-1)).reshape(rows, 1, length, dim)
+        sin = self.sin.index_select(0, clipped.reshape(-1)).reshape(rows, 1, length, dim)
+        columns = arange(total, dtype=dt.int32, device=device)  # cache rows
+        seen = positions.clip(min=0).reshape(rows, length, 1)
+        causal = columns.reshape(1, 1, total) <= seen  # (rows, L, S)
         windowed = causal
         if cfg.sliding_window is not None:
-            windowed = causal & (columns.reshape(1, total)
-                                 > positions.reshape(length, 1) - cfg.sliding_window)
-        written = (columns >= start) & (columns < start + length)
-        source = (columns - start).clip(0, length - 1)
+            windowed = causal & (columns.reshape(1, 1, total) > seen - cfg.sliding_window)
+        # the cache rows each slot takes (max_batch, S), and where in the new rows they are
+        begin = start.reshape(rows, 1)
+        written = (columns.reshape(1, total) >= begin) & (columns < begin + length) & (begin >= 0)
+        # one row of L tokens (prefill): the new row each cache row takes
+        source = (columns - start).clip(0, length - 1) if length > 1 else None
+        if slot is not None:
+            written = (arange(slots, dtype=dt.int32, device=device) == slot).reshape(slots, 1) \
+                & written
 
         def group_rows(mask: Tensor) -> Tensor:
             # query rows are (group member, token): the mask repeats for each member
-            return mask.reshape(1, length, total).expand(group, length, total) \
-                .reshape(group * length, total)
+            return mask.reshape(rows, 1, 1, length, total) \
+                .expand(rows, 1, group, length, total).reshape(rows, 1, group * length, total)
 
         masks = (group_rows(causal), group_rows(windowed))
-        x = self.embed.index_select(0, tokens)  # (L, hidden)
+        x = self.embed.index_select(0, tokens.reshape(-1))  # (rows * L, hidden)
         for layer in self.layers:
             h = self._rms_norm(x, layer.attn_norm)
-            q = _linear(h, layer.q).reshape(length, heads, dim).permute(1, 0, 2)
-            k = _linear(h, layer.k).reshape(length, kv_heads, dim).permute(1, 0, 2)
-            v = _linear(h, layer.v).reshape(length, kv_heads, dim).permute(1, 0, 2)
+            q = _linear(h, layer.q).reshape(rows, length, heads, dim).permute(0, 2, 1, 3)
+            k = _linear(h, layer.k).reshape(rows, length, kv_heads, dim).permute(0, 2, 1, 3)
+            v = _linear(h, layer.v).reshape(rows, length, kv_heads, dim).permute(0, 2, 1, 3)
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             self._write_cache(layer.k_cache, k, written, source)
             self._write_cache(layer.v_cache, v, written, source)
+            k_cache, v_cache = layer.k_cache, layer.v_cache
+            if slot is not None and slots > 1:  # the sequence's own slot
+                k_cache, v_cache = k_cache.index_select(0, slot), v_cache.index_select(0, slot)
             # query head kv * group + g reads key/value head kv (Hugging Face's repeat_kv)
-            grouped = q.reshape(kv_heads, group * length, dim)
-            out = F.scaled_dot_product_attention(grouped, layer.k_cache, layer.v_cache,
+            grouped = q.reshape(rows, kv_heads, group * length, dim)
+            out = F.scaled_dot_product_attention(grouped, k_cache, v_cache,
                                                  attn_mask=masks[layer.windowed])
-            out = out.reshape(heads, length, dim).permute(1, 0, 2).reshape(length, heads * dim)
+            out = out.reshape(rows, heads, length, dim).permute(0, 2, 1, 3) \
+                .reshape(rows * length, heads * dim)
             x = x + _linear(out, layer.o)
             h = self._rms_norm(x, layer.mlp_norm)
             x = x + _linear(_linear(h, layer.gate).silu() * _linear(h, layer.up), layer.down)
-        final = self._rms_norm(x.index_select(0, last), self.norm)
-        return F.linear(final, self.lm_head).cast(dt.float32)
+        picks = last if rows == 1 else arange(rows, dtype=dt.int32, device=device) * length + last
+        final = self._rms_norm(x.index_select(0, picks), self.norm)
+        return _linear(final, (self.lm_head, None)).cast(dt.float32)

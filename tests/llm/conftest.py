@@ -89,10 +89,13 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[str,
     return get
 
 
+MAX_BATCH = 4  # the slots of the models ``loaded`` gives: every test decodes through them
+
+
 @pytest.fixture(scope="session")
 def loaded(tiny: Callable[[str], tuple[str, Any]]) -> Callable[..., Any]:
-    """``loaded(variant, device) -> LanguageModel``, loaded once per session and device (the
-    cache is shared, so each test starts with ``reset()``)."""
+    """``loaded(variant, device) -> LanguageModel`` with ``MAX_BATCH`` slots, loaded once per
+    session and device (the cache is shared, so each test starts with ``reset()``)."""
     from anygpu import llm
 
     made: dict[tuple[str, str], Any] = {}
@@ -100,7 +103,8 @@ def loaded(tiny: Callable[[str], tuple[str, Any]]) -> Callable[..., Any]:
     def get(variant: str, device: str) -> Any:
         key = (variant, device)
         if key not in made:
-            made[key] = llm.load(tiny(variant)[0], device=device, max_seq_len=64)
+            made[key] = llm.load(tiny(variant)[0], device=device, max_seq_len=64,
+                                 max_batch=MAX_BATCH)
         lm = made[key]
         lm.reset()
         lm.eos_token_ids = (2,)
