@@ -340,7 +340,7 @@ def add_parser(modes: Any) -> None:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", choices=tuple(CONFIGS), default="tinyllama-1.1b")
     p.add_argument("--quant", choices=(*QUANTS, *NOT_YET), default="f16",
-                   help="weight format (f16, bf16, f32; q8 and q4 are not implemented yet)")
+                   help="weight format (f16, bf16, f32; the benchmark makes no q8 or q4 yet)")
     p.add_argument("--device", default=None,
                    help="an anygpu device (default: ANYGPU_DEVICE, else cpu)")
     p.add_argument("--prompt-len", type=int, default=512)
@@ -359,8 +359,9 @@ def main(args: argparse.Namespace) -> int:
     import anygpu as ag
 
     if args.quant in NOT_YET:
-        raise SystemExit(f"anygpu bench llm: --quant {args.quant}: quantized weight formats "
-                         f"are not implemented yet (use {', '.join(QUANTS)})")
+        raise SystemExit(f"anygpu bench llm: --quant {args.quant}: the benchmark does not make "
+                         f"quantized weights yet (use {', '.join(QUANTS)}; "
+                         "anygpu.llm.load(..., quant=...) quantizes a model's weights)")
     if args.prompt_len < 1 or args.decode_tokens < 1 or args.copy_mib < 1:
         raise SystemExit("anygpu bench llm: --prompt-len, --decode-tokens and --copy-mib "
                          "must be at least 1")

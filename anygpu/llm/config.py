@@ -156,6 +156,8 @@ class ModelConfig:
         inv = (1.0 / (self.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64)
                                           .astype(np.float32) / dim))).astype(np.float32)
         p = self.rope_params
+        if p.get("freq_factors") is not None:  # GGUF's rope_freqs: a divisor per frequency
+            inv = (inv / np.asarray(p["freq_factors"], np.float32)).astype(np.float32)
         if self.rope_type == "linear":
             return (inv / np.float32(p["factor"])).astype(np.float32)
         if self.rope_type == "llama3":

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from anygpu import dtype as dt
 from anygpu.llm.config import ModelConfig
+from anygpu.llm.quant import QuantizedWeight
 from anygpu.nn import functional as F
 from anygpu.tensor import Tensor, arange, where, zeros
 
@@ -47,6 +48,8 @@ class Layer:
 
 
 def _linear(x: Tensor, weight: tuple[Tensor, Tensor | None]) -> Tensor:
+    if isinstance(weight[0], QuantizedWeight):  # dequantized inside the product that reads it
+        return weight[0].linear(x, weight[1])
     return F.linear(x, weight[0], weight[1])
 
 

@@ -4,7 +4,7 @@
 Every tensor the model needs must be present with its expected shape; anything else raises
 ``ModelFolderError`` naming the file and the tensor. Values are uploaded in the compute dtype
 (float32, float16 or bfloat16), which defaults to the files' own floating dtype where the device
-supports it, else float32.
+supports it, else float32; or, asked for, the projections quantized (``anygpu.llm.quant``).
 """
 
 from __future__ import annotations
@@ -16,12 +16,16 @@ import numpy as np
 
 from anygpu import dtype as dt
 from anygpu.llm.config import ModelConfig, ModelFolderError, read_json
+from anygpu.llm.quant import check_quant, quantize
 from anygpu.nn import state
 from anygpu.tensor import Tensor
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 COMPUTE_DTYPES = {"float32": dt.float32, "float16": dt.float16, "bfloat16": dt.bfloat16}
+# the weights ``quant`` quantizes: the linear projections (and the output projection when it is
+# not the embedding table); embeddings and norms stay in the compute dtype
+PROJECTIONS = ("_proj.weight", "lm_head.weight")
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -106,9 +110,13 @@ def compute_dtype(requested: Any, stored: dt.DType | None, device: Any) -> dt.DT
     return dt.float32
 
 
-def load_weights(folder: str, cfg: ModelConfig, device: Any, dtype: Any = None
-                 ) -> tuple[dict[str, Tensor], dt.DType]:
-    """The model's tensors on ``device`` and the compute dtype they are in."""
+def load_weights(folder: str, cfg: ModelConfig, device: Any, dtype: Any = None,
+                 quant_kind: str | None = None, group_size: int = 32
+                 ) -> tuple[dict[str, Any], dt.DType]:
+    """The model's tensors on ``device`` and the compute dtype they are in; with
+    ``quant_kind`` ("q8" or "q4") the projections are ``QuantizedWeight``s, quantized on the
+    host one tensor at a time."""
+    check_quant(quant_kind, group_size)
     files = weight_files(folder)
     want = expected_shapes(cfg)
     host: dict[str, tuple[np.ndarray, dt.DType]] = {}
@@ -124,11 +132,17 @@ def load_weights(folder: str, cfg: ModelConfig, device: Any, dtype: Any = None
             raise ModelFolderError(f"{where[name]}: the tensor {name!r} has shape "
                                    f"{list(host[name][0].shape)}, expected {list(shape)} "
                                    "from config.json")
+        if quant_kind is not None and name.endswith(PROJECTIONS) and shape[1] % group_size:
+            raise ValueError(f"{where[name]}: the tensor {name!r} has {shape[1]} inputs, "
+                             f"which do not split into groups of {group_size}")
     compute = compute_dtype(dtype, next((d for _, d in host.values() if d.is_float), None),
                             device)
-    out = {}
+    out: dict[str, Any] = {}
     for name in want:
         arr, _ = host.pop(name)
+        if quant_kind is not None and name.endswith(PROJECTIONS):
+            out[name] = quantize(arr, quant_kind, group_size, device.name, compute)
+            continue
         # norms' weights too: Hugging Face multiplies them in the compute dtype
         out[name] = Tensor(np.ascontiguousarray(arr), device=device.name, dtype=compute)
         out[name].realize()
