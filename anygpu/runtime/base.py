@@ -36,6 +36,14 @@ if TYPE_CHECKING:
 # transfers between host and device and programs built; graph/schedule.py tells it of launches.
 profiling: "Recorder | None" = None
 
+# A kernel compiled in one library with others (see Device.prebuild) is cached as a note of that
+# library's file and the kernel's symbol in it, not as a binary of its own
+SHARED_MARK = b"anygpu-shared-library\n"
+# kernels compiled together at most: one compiler run for many small kernels is several times
+# faster than one run each (a compiler's start, its libraries and the link cost more than a
+# small kernel)
+CHUNK = 64
+
 
 class DeviceError(RuntimeError):
     """A device failed (driver error, compile error, unsupported feature)."""
@@ -261,6 +269,7 @@ class Device:
         self.name = f"{self.backend}:{index}"
         self.allocator = CachingAllocator(self)
         self._programs: dict[tuple[str, str], Program] = {}
+        self._libraries: dict[str, Any] = {}  # shared libraries loaded, by path
 
     def __repr__(self) -> str:
         return f"<Device {self.name} {self.info.name!r}>"
@@ -365,29 +374,121 @@ class Device:
             start = time.perf_counter()
             cached = profiling is not None and self._disk_cached(source)
             binary = self._compile_cached(source, name)
-            prog = self._programs[key] = self.load(binary, name, source)
+            if binary.startswith(SHARED_MARK):
+                prog = self._load_shared(binary, name, source)
+            else:
+                prog = self.load(binary, name, source)
+            self._programs[key] = prog
             if profiling is not None:
                 profiling.built(self, name, start, "load" if cached else "compile")
         return prog
 
+    # ---- many kernels compiled at once ---------------------------------------------------------
+    # Backends whose compiler compiles many kernels in one run (``compile_library``) set
+    # ``shared_libraries`` and load such a library with ``load_library`` and a kernel of it with
+    # ``program_in``.
+    shared_libraries = False
+
+    def compile_library(self, source: str, name: str) -> tuple[bytes, Any]:
+        """Compile ``source`` holding many kernels: its binary and, where the compiler gives
+        one, the loaded library (else None)."""
+        raise NotImplementedError
+
+    def load_library(self, path: str, source: str) -> Any:
+        """Load the library at ``path``, which holds the kernel of ``source`` among others."""
+        raise NotImplementedError
+
+    def program_in(self, library: Any, name: str, symbol: str) -> Program:
+        """The kernel ``name``, under ``symbol`` in ``library``, as a program."""
+        raise NotImplementedError
+
+    def build_group(self, source: str) -> Any:
+        """Kernels that can share a library have the same group (their build options)."""
+        return ()
+
     def prebuild(self, kernels: Sequence[tuple[str, str]]) -> None:
-        """Compile (source, name) pairs into the disk cache on several threads at once (the
-        tuner's candidates); ``program`` then loads each. A kernel that fails to compile is
-        left out here and reports its error when ``program`` is called for it."""
+        """Compile (source, name) pairs that the disk cache lacks into it, on several threads
+        at once (a step's new kernels, the tuner's candidates); ``program`` then loads each. A
+        backend with shared libraries compiles them as a few libraries of many kernels each
+        (at least one per core, so the cores compile in parallel), with their symbols renamed
+        apart, and each kernel's cache entry notes its library and symbol. A kernel that fails
+        to compile is left out here and reports its error when ``program`` is called for it."""
         if not config.get().disk_cache or len(kernels) < 2:
             return
+        todo: dict[str, str] = {}  # source -> name, each source once
+        for source, name in kernels:
+            if source not in todo and not self._disk_cached(source):
+                todo[source] = name
+        if len(todo) < 2:
+            return
+        workers = min(len(todo), os.cpu_count() or 1, 8)
+        if not self.shared_libraries:
+            def build(kernel: tuple[str, str]) -> None:
+                start = time.perf_counter()
+                try:
+                    self._compile_cached(*kernel)
+                except Exception:  # noqa: BLE001 (reported again by program())
+                    return
+                if profiling is not None:
+                    profiling.built(self, kernel[1], start, "compile")
 
-        def build(kernel: tuple[str, str]) -> None:
-            start = time.perf_counter()
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(build, todo.items()))
+            return
+        groups: dict[Any, list[tuple[str, str]]] = defaultdict(list)
+        for source, name in todo.items():
+            groups[self.build_group(source)].append((source, name))
+        batches: list[list[tuple[str, str]]] = []
+        for items in groups.values():
+            count = max(min(workers, len(items)), -(-len(items) // CHUNK))
+            batches += [items[i::count] for i in range(count)]
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(self._build_shared, batches))
+
+    def _build_shared(self, items: list[tuple[str, str]]) -> None:
+        start = time.perf_counter()
+        if len(items) == 1:
             try:
-                self._compile_cached(*kernel)
+                self._compile_cached(*items[0])
             except Exception:  # noqa: BLE001 (reported again by program())
-                return
+                pass
+            return
+        parts, symbols = [], []
+        for i, (source, name) in enumerate(items):
+            symbol = f"{name}__{i}"
+            parts += [f"#define {name} {symbol}", source, f"#undef {name}"]
+            symbols.append(symbol)
+        text = "\n".join(parts)
+        path = self._cache_file(text) + ".lib"
+        try:
+            binary, library = self.compile_library(text, items[0][1])
+        except DeviceError:
+            return  # program() compiles each kernel alone and reports the one that fails
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
+            with os.fdopen(fd, "wb") as f:
+                f.write(binary)
+            os.replace(tmp, path)
+        except OSError:
+            return
+        if library is not None:
+            self._libraries[path] = library
+        for (source, name), symbol in zip(items, symbols):
+            note = SHARED_MARK + f"{os.path.basename(path)}\n{symbol}\n".encode()
+            self._store_cached(source, note)
             if profiling is not None:
-                profiling.built(self, kernel[1], start, "compile")
+                profiling.built(self, name, start, "compile")
 
-        with ThreadPoolExecutor(min(len(kernels), os.cpu_count() or 1, 8)) as pool:
-            list(pool.map(build, kernels))
+    def _load_shared(self, note: bytes, name: str, source: str) -> Program:
+        file, symbol = note[len(SHARED_MARK):].decode().split()
+        path = os.path.join(os.path.dirname(self._cache_file(source)), file)
+        library = self._libraries.get(path)
+        if library is None:
+            if not os.path.isfile(path):  # the library was deleted: compile the kernel anew
+                return self.load(self.compile(source, name), name, source)
+            library = self._libraries[path] = self.load_library(path, source)
+        return self.program_in(library, name, symbol)
 
     def _cache_file(self, source: str) -> str:
         info = self.info

@@ -8,29 +8,19 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import math
 import os
 import platform
 import subprocess
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 import numpy as np
 
 from anygpu import config
 from anygpu.dtype import bfloat16, float16, float32
-from anygpu.runtime import base
 from anygpu.runtime.base import Buffer, Device, DeviceError, DeviceInfo, Program
-
-# A kernel compiled in a shared library with others (see CPUDevice.prebuild) is cached as a
-# note of that library's file and the kernel's symbol in it, not as a library of its own
-SHARED_MARK = b"anygpu-shared-library\n"
-# kernels compiled together at most: one compiler run for many small kernels is several times
-# faster than one run each (the compiler's start and the link cost more than a small kernel)
-CHUNK = 64
 
 
 def device_count() -> int:
@@ -210,63 +200,19 @@ class CPUDevice(Device):
             raise DeviceError(f"cpu: compiling kernel {name} failed:\n"
                               f"{errors}\n--- source ---\n{source}")
 
-    def prebuild(self, kernels: Sequence[tuple[str, str]]) -> None:
-        """Compile the kernels that the disk cache lacks as a few shared libraries, each
-        holding many of them (one per core at least, so the cores compile in parallel): the
-        kernels' symbols are renamed apart, and each kernel's cache entry notes its library
-        and symbol. A library that fails to compile leaves its kernels to ``program``, which
-        compiles each alone (and reports the error)."""
-        if not config.get().disk_cache:
-            return
-        todo: dict[str, str] = {}  # source -> name, each source once
-        for source, name in kernels:
-            if source not in todo and not self._disk_cached(source):
-                todo[source] = name
-        if len(todo) < 2:
-            return
-        items = list(todo.items())
-        workers = min(len(items), os.cpu_count() or 1, 8)
-        count = max(workers, -(-len(items) // CHUNK))
-        with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(self._build_shared, [items[i::count] for i in range(count)]))
+    # many kernels compiled as one shared library (see Device.prebuild)
+    shared_libraries = True
 
-    def _build_shared(self, items: list[tuple[str, str]]) -> None:
-        start = time.perf_counter()
-        parts, symbols = [], []
-        for i, (source, name) in enumerate(items):
-            symbol = f"{name}__{i}"
-            parts += [f"#define {name} {symbol}", source, f"#undef {name}"]
-            symbols.append(symbol)
-        text = "\n".join(parts)
-        key = "\0".join([self.backend, self.info.name, self.info.driver, text])
-        digest = hashlib.sha256(key.encode()).hexdigest()
-        folder = os.path.join(config.get().cache_path, "programs", self.backend)
-        library = os.path.join(folder, f"lib-{digest}.so")
-        tmp = ""
-        try:
-            os.makedirs(folder, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so")
-            os.close(fd)
-            self._run_compiler(text, tmp, items[0][1])
-            os.replace(tmp, library)
-        except (OSError, DeviceError):
-            if tmp and os.path.exists(tmp):
-                os.unlink(tmp)
-            return
-        for (source, name), symbol in zip(items, symbols):
-            note = SHARED_MARK + f"{os.path.basename(library)}\n{symbol}\n".encode()
-            self._store_cached(source, note)
-            if base.profiling is not None:
-                base.profiling.built(self, name, start, "compile")
+    def compile_library(self, source: str, name: str) -> tuple[bytes, Any]:
+        return self.compile(source, name), None
+
+    def load_library(self, path: str, source: str) -> Any:
+        return ctypes.CDLL(path)  # mapped once however many of its kernels are loaded
+
+    def program_in(self, library: Any, name: str, symbol: str) -> Program:
+        return CPUProgram(self, name, library, library._name, symbol)
 
     def load(self, binary: bytes, name: str, source: str) -> Program:
-        if binary.startswith(SHARED_MARK):
-            library, symbol = binary[len(SHARED_MARK):].decode().split()
-            path = os.path.join(config.get().cache_path, "programs", self.backend, library)
-            if os.path.isfile(path):
-                # the loader maps a library once however many of its kernels are loaded
-                return CPUProgram(self, name, ctypes.CDLL(path), path, symbol)
-            binary = self.compile(source, name)  # the library was deleted: compile anew
         fd, path = tempfile.mkstemp(suffix=".so", prefix=f"anygpu_{name}_")
         with os.fdopen(fd, "wb") as f:
             f.write(binary)

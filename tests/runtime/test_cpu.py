@@ -8,6 +8,7 @@ import pytest
 
 from anygpu import config
 from anygpu.runtime import cpu
+from anygpu.runtime.base import SHARED_MARK
 
 SCALE = """#include <math.h>
 void scale(float* restrict out, const float* restrict a) {
@@ -43,11 +44,11 @@ def test_prebuilt_kernels_share_libraries_and_compute_their_own_results(cache_di
     kernels = _kernels(7)
     dev.prebuild(kernels)
     folder = cache_dir / "programs" / "cpu"
-    libraries = sorted(folder.glob("lib-*.so"))
+    libraries = sorted(folder.glob("*.lib"))
     assert 1 <= len(libraries) < len(kernels)
-    notes = [p for p in folder.iterdir() if not p.name.startswith("lib-")]
+    notes = [p for p in folder.iterdir() if p.suffix != ".lib"]
     assert len(notes) == len(kernels)
-    assert all(p.read_bytes().startswith(cpu.SHARED_MARK) for p in notes)
+    assert all(p.read_bytes().startswith(SHARED_MARK) for p in notes)
 
     calls: list[object] = []  # loading must not compile anything
     monkeypatch.setattr(dev, "compile", lambda *args: calls.append(args))
@@ -61,7 +62,7 @@ def test_a_deleted_library_is_compiled_again(cache_dir):
     dev = cpu.CPUDevice()
     kernels = _kernels(3)
     dev.prebuild(kernels)
-    for lib in (cache_dir / "programs" / "cpu").glob("lib-*.so"):
+    for lib in (cache_dir / "programs" / "cpu").glob("*.lib"):
         lib.unlink()
     a = np.random.default_rng(1).standard_normal(64).astype(np.float32)
     source, name = kernels[2]

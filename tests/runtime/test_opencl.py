@@ -10,7 +10,7 @@ pytest.importorskip("pyopencl")
 from anygpu import config
 from anygpu.dtype import bfloat16, float16, float32, int64
 from anygpu.runtime import opencl
-from anygpu.runtime.base import DeviceError, OutOfMemoryError
+from anygpu.runtime.base import SHARED_MARK, DeviceError, OutOfMemoryError
 from anygpu.runtime.registry import BackendUnavailable, get_device
 
 try:
@@ -227,3 +227,42 @@ def test_missing_pyopencl_is_backend_unavailable(monkeypatch):
         monkeypatch.undo()
         opencl._cl_devices.cache_clear()
     assert opencl.device_count() >= 1
+
+
+SCALE = """
+__kernel void scale(__global float* out, __global const float* a) {
+    int i = get_global_id(0);
+    out[i] = a[i] * FACTOR;
+}
+"""
+
+
+def test_prebuilt_kernels_share_programs(dev, cache_dir, monkeypatch):
+    """A step's new kernels build as one program (same names, other bodies, renamed apart);
+    each kernel's cache entry notes it, and loading them builds nothing from source."""
+    kernels = [(SCALE.replace("FACTOR", f"{k + 2}.0f"), "scale") for k in range(5)]
+    dev._programs.clear()
+    dev.prebuild(kernels)
+    folder = cache_dir / "programs" / "opencl"
+    assert len(list(folder.glob("*.lib"))) >= 1
+    notes = [p for p in folder.iterdir() if p.suffix != ".lib"]
+    assert len(notes) == 5 and all(p.read_bytes().startswith(SHARED_MARK) for p in notes)
+    calls = []
+    monkeypatch.setattr(dev, "compile", lambda *args: calls.append(args))
+    n = 64
+    a = _random(n)
+    for k, (source, name) in enumerate(kernels):
+        bufs = [dev.alloc(a.nbytes) for _ in range(2)]
+        bufs[1].copy_in(a)
+        dev.program(source, name)(bufs, groups=(1,), local=(64,))
+        np.testing.assert_array_equal(bufs[0].copy_out(np.empty_like(a)), a * np.float32(k + 2))
+    assert calls == []
+
+    dev._programs.clear()  # and from the cache alone, in a new process's way
+    dev._libraries.clear()
+    source, name = kernels[3]
+    bufs = [dev.alloc(a.nbytes) for _ in range(2)]
+    bufs[1].copy_in(a)
+    dev.program(source, name)(bufs, groups=(1,), local=(64,))
+    np.testing.assert_array_equal(bufs[0].copy_out(np.empty_like(a)), a * np.float32(5))
+    assert calls == []

@@ -7,20 +7,28 @@ from anygpu.codegen import ir
 from anygpu.codegen.render.cstyle import RENDERERS, CStyleRenderer, uses_dtype
 from anygpu.dtype import DType, bfloat16, bool_, float16, float32, int8, int32, int64, uint8, uint32
 
+# helpers sit inside include guards, so that several kernels' sources can be built as one
+# program (the runtime builds the new kernels of a step together)
 BF16_HELPERS = """\
+#ifndef ANYGPU_BF16_HELPERS
+#define ANYGPU_BF16_HELPERS
 inline float bf16_to_f32(ushort x) { return as_float(((uint)x) << 16); }
 inline ushort f32_to_bf16(float f) {
   uint u = as_uint(f);
   if (f != f) return (ushort)0x7fc0;
   u += 0x7fffu + ((u >> 16) & 1u); return (ushort)(u >> 16); }
-inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }"""
+inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+#endif"""
 
 SUBGROUPS_PRAGMA = "#pragma OPENCL EXTENSION cl_khr_subgroups : enable"
 
 # round a float to the nearest half and back, without needing the half type
 F16_HELPERS = """\
+#ifndef ANYGPU_F16_HELPERS
+#define ANYGPU_F16_HELPERS
 inline float f16_round(float f) {
-  __private half h[1]; vstore_half_rte(f, 0, h); return vload_half(0, h); }"""
+  __private half h[1]; vstore_half_rte(f, 0, h); return vload_half(0, h); }
+#endif"""
 
 
 class OpenCLRenderer(CStyleRenderer):
