@@ -4,8 +4,8 @@
 step (decode) through a captured ``anygpu.jit`` step whose inputs are the tokens and their
 positions as device tensors, so every step replays the same kernels. The cache has
 ``max_batch`` slots, one sequence each: ``generate`` and ``chat`` use slot 0, and
-``decode_batch`` runs one token for each of several slots in the same step (the step always
-runs every slot; those not given sit it out), which is what ``generate_batch`` and the server
+``decode_batch`` runs one token for each of several slots in the same step (a step of 1, 2,
+4, ... rows, each size captured once), which is what ``generate_batch`` and the server
 (continuous batching, ``anygpu.llm.batch``) build on. Tokens whose keys and values are already
 in a slot (the conversation so far, in a chat) are not run again: a new prompt that starts
 with them only runs what follows, padded to a power of two in length so that prompts of many
@@ -123,27 +123,63 @@ class LanguageModel:
 
     def decode_batch(self, tokens: Mapping[int, int]) -> dict[int, np.ndarray]:
         """One decode step for several sequences at once: ``{slot: token}`` in, ``{slot:
-        logits (vocab,)}`` out, each token fed at the next position of its slot. The step runs
-        every slot of the cache (those not given sit it out), so its kernels are the same
-        whichever sequences run."""
+        logits (vocab,)}`` out, each token fed at the next position of its slot.
+
+        The step has a row for each of 1, 2, 4, ... sequences (the fewest that hold them, up
+        to ``max_batch``: one captured step each), the unused rows sitting it out; its inputs
+        (tokens, positions, slots) are device tensors, so the kernels are the same whichever
+        sequences run (``warm_up`` compiles them all)."""
         if not tokens:
             raise ValueError("decode_batch needs at least one slot's token")
         vocab = self.config.vocab_size
-        ids = np.zeros((self.max_batch, 1), dtype=np.int32)
-        starts = np.full(self.max_batch, -1, dtype=np.int32)
         for slot, token in tokens.items():
-            position = len(self._cached[self._slot(slot)])
-            if position >= self.max_seq_len:
+            if len(self._cached[self._slot(slot)]) >= self.max_seq_len:
                 raise ValueError(f"the cache of slot {slot} is full (max_seq_len "
                                  f"{self.max_seq_len})")
             if not 0 <= int(token) < vocab:
                 raise ValueError(f"token id {token} is outside the vocabulary (0..{vocab - 1})")
-            ids[slot, 0], starts[slot] = int(token), position
-        logits = self._decode(self._tensor(ids), self._tensor(starts),
-                              self._tensor(np.zeros(self.max_batch, np.int32))).numpy()
-        for slot, token in tokens.items():
-            self._cached[slot].append(int(token))
-        return {slot: logits[slot] for slot in tokens}
+        order = sorted(tokens)
+        logits = self._step(order, [int(tokens[s]) for s in order],
+                            [len(self._cached[s]) for s in order])
+        for slot in order:
+            self._cached[slot].append(int(tokens[slot]))
+        return {slot: logits[row] for row, slot in enumerate(order)}
+
+    def _rows(self, count: int) -> int:
+        """The rows of the decode step that runs ``count`` sequences."""
+        return min(_bucket(count), self.max_batch)
+
+    def _step(self, slots: list[int], ids: list[int], positions: list[int]) -> np.ndarray:
+        """Logits (rows, vocab) of one decode step: row ``r`` feeds ``ids[r]`` at
+        ``positions[r]`` of slot ``slots[r]`` (a position of -1 writes nothing)."""
+        rows, full = self._rows(len(slots)), self.max_batch
+        tokens = np.zeros((rows, 1), dtype=np.int32)
+        starts = np.full(rows, -1, dtype=np.int32)
+        last = self._tensor(np.zeros(rows, np.int32))
+        if rows == full:  # the rows are the slots
+            tokens[slots, 0], starts[slots] = ids, positions
+            out = self._decode(self._tensor(tokens), self._tensor(starts), last).numpy()
+            return out[slots]
+        n = len(slots)
+        tokens[:n, 0], starts[:n] = ids, positions
+        read = np.zeros(rows, dtype=np.int32)  # the unused rows read slot 0 and write nothing
+        read[:n] = slots
+        row_of_slot = np.full(full, -1, dtype=np.int32)
+        row_of_slot[slots] = np.arange(n, dtype=np.int32)
+        out = self._decode(self._tensor(tokens), self._tensor(starts), last, self._tensor(read),
+                           self._tensor(row_of_slot)).numpy()
+        return out[:n]
+
+    def warm_up(self) -> None:
+        """Compile and capture the decode step of every size (its plain run, its capture and
+        a replay each), with every row sitting it out: the cache is left as it was."""
+        rows = 1
+        while True:
+            for _ in range(3):
+                self._step(list(range(rows)), [0] * rows, [-1] * rows)
+            if rows >= self.max_batch:
+                return
+            rows = self._rows(rows + 1)
 
     # ---- generation --------------------------------------------------------------------------
     def _tokens(self, ids: list[int], max_new_tokens: int, sampler: Sampler,

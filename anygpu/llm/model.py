@@ -3,13 +3,14 @@
 The cache holds ``max_batch`` sequences, one slot each: per layer ``(max_batch, kv_heads,
 max_seq_len, head_dim)``, preallocated. ``Transformer.forward(tokens, start, last, slot)`` runs
 either one sequence's ``L`` tokens at positions ``start .. start + L - 1`` into slot ``slot``
-(prefill), or one token for every slot at once (decode: ``tokens`` (max_batch, 1), ``start``
-the position of each, -1 for a slot that sits the step out). It writes the new keys and values
-into the cache and returns the logits of one token per row. Every input is a device tensor, so
-one captured decode step replays for every position and every mix of running sequences: the
-positions and the slot enter the kernels as data (the rows of the RoPE tables gathered, the
-cache rows written, the keys masked), never as constants of their source. Prefill is the same
-function over the prompt.
+(prefill), or one token for each of several sequences at once (decode: ``tokens`` (rows, 1),
+``start`` the position of each, -1 for a row that sits the step out; the rows are the slots,
+or ``slot`` says which slot each row reads and ``row_of_slot`` which row each slot takes). It
+writes the new keys and values into the cache and returns the logits of one token per row.
+Every input is a device tensor, so a captured decode step replays for every position and
+every mix of running sequences: positions and slots enter the kernels as data (the rows of the
+RoPE tables gathered, the slots read, the cache rows written, the keys masked), never as
+constants of their source. Prefill is the same function over the prompt.
 
 Attention runs over the slot's whole cache with a mask of the positions written so far (keys
 after the query's position, and before its window where a layer has one, are left out);
@@ -136,8 +137,8 @@ class Transformer:
         rows = rows.expand(cache.shape)
         cache.assign(where(written.reshape(cache.shape[0], 1, cache.shape[2], 1), rows, cache))
 
-    def forward(self, tokens: Tensor, start: Tensor, last: Tensor,
-                slot: Tensor | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, start: Tensor, last: Tensor, slot: Tensor | None = None,
+                row_of_slot: Tensor | None = None) -> Tensor:
         """Logits (rows, vocab) in float32 of token ``last[r]`` of each row of ``tokens``
         (rows, L) int32 (or (L,): one row), whose tokens sit at positions ``start[r] ..``;
         their keys and values go into the cache.
@@ -145,7 +146,9 @@ class Transformer:
         With ``slot`` (1,) the one row is a sequence in that slot of the cache. Without it the
         rows are the slots, all ``max_batch`` of them, one token each (a decode step); a row
         whose ``start`` is negative sits the step out: it writes nothing and its logits are
-        meaningless.
+        meaningless. A decode step of fewer rows than slots gives ``slot`` (rows,), the slot
+        each row reads, and ``row_of_slot`` (max_batch,), the row whose token each slot takes
+        (-1: none).
 
         Tokens after ``last`` may be padding (a prompt padded to a length whose kernels exist
         already): their cache rows lie past the real tokens, where no query looks before a
@@ -158,8 +161,9 @@ class Transformer:
         if slot is None and rows != slots:
             raise ValueError(f"without a slot, forward runs every slot of the cache: {slots} "
                              f"rows, got {rows}")
-        if slot is not None and rows != 1:
-            raise ValueError(f"a slot holds one sequence, got {rows} rows")
+        if slot is not None and rows > 1 and (row_of_slot is None or length > 1):
+            raise ValueError("a step of several rows in given slots runs one token each and "
+                             "needs row_of_slot")
         if slot is None and length > 1 and rows > 1:
             raise ValueError(f"a step of every slot runs one token each, got {length}")
         heads, kv_heads, dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -181,9 +185,16 @@ class Transformer:
         written = (columns.reshape(1, total) >= begin) & (columns < begin + length) & (begin >= 0)
         # one row of L tokens (prefill): the new row each cache row takes
         source = (columns - start).clip(0, length - 1) if length > 1 else None
-        if slot is not None:
+        by_slot = None  # the new row each slot takes, where rows are not the slots
+        if slot is not None and rows == 1:
             written = (arange(slots, dtype=dt.int32, device=device) == slot).reshape(slots, 1) \
                 & written
+        elif slot is not None:
+            assert row_of_slot is not None
+            by_slot = row_of_slot.clip(min=0)
+            begin = start.index_select(0, by_slot).reshape(slots, 1)
+            written = (columns.reshape(1, total) == begin) & (begin >= 0) \
+                & (row_of_slot >= 0).reshape(slots, 1)
 
         def group_rows(mask: Tensor) -> Tensor:
             # query rows are (group member, token): the mask repeats for each member
@@ -198,6 +209,8 @@ class Transformer:
             k = _linear(h, layer.k).reshape(rows, length, kv_heads, dim).permute(0, 2, 1, 3)
             v = _linear(h, layer.v).reshape(rows, length, kv_heads, dim).permute(0, 2, 1, 3)
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            if by_slot is not None:
+                k, v = k.index_select(0, by_slot), v.index_select(0, by_slot)
             self._write_cache(layer.k_cache, k, written, source)
             self._write_cache(layer.v_cache, v, written, source)
             k_cache, v_cache = layer.k_cache, layer.v_cache

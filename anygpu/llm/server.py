@@ -514,9 +514,10 @@ def build_app(lm: LanguageModel, model_name: str, max_queue: int = 64) -> Any:
 
 
 def warm_up(lm: LanguageModel) -> None:
-    """Compile the decode step (its plain run, its capture and a replay) and a one-token
-    prefill before the first request, in the slot the first request takes."""
-    lm.generate([lm.config.bos_token_id or 0], max_new_tokens=4, ignore_eos=True)
+    """Compile the decode steps of every size (their plain runs, captures and replays) and a
+    one-token prefill before the first request."""
+    lm.warm_up()
+    lm.prefill([lm.config.bos_token_id or 0])
     lm.reset()
 
 
