@@ -105,6 +105,10 @@ def _is_oom(err: Exception) -> bool:
         getattr(err, "code", None) == getattr(cl.status_code, name) for name in _OOM_CODES)
 
 
+# a disk cache entry that holds a kernel's source, built again when loaded (see _keep_source)
+SOURCE_MARK = b"anygpu-opencl-source\n"
+
+
 class OpenCLProgram(Program):
     def __init__(self, device: OpenCLDevice, name: str, program: Any, symbol: str | None = None):
         super().__init__(device, name)
@@ -210,7 +214,11 @@ class OpenCLDevice(Device):
         self._mem_held = 0
         # Host arrays of copies still in flight, with their events (see _copy_in).
         self._staged: list[tuple[Any, np.ndarray]] = []
-        self._just_built: dict[bytes, Any] = {}  # programs compile() built, for load()
+        self._just_built: dict[str, Any] = {}  # programs compile() built, for load()
+        # PoCL compiles a program's every kernel again to give its binary (about 80 ms a
+        # kernel) and keeps compiled kernels in a cache of its own, which a later build of the
+        # same source hits: there the disk cache keeps the source, not a binary
+        self._keep_source = "Portable Computing Language" in self.cl_device.platform.name
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
@@ -366,18 +374,25 @@ class OpenCLDevice(Device):
 
     def compile(self, source: str, name: str) -> bytes:
         program = self._build(cl.Program(self.context, source), name, source)
+        self._just_built[source] = program  # load() takes it instead of building it again
+        return self._binary(program, name, source)
+
+    def _binary(self, program: Any, name: str, source: str) -> bytes:
+        if self._keep_source:
+            return SOURCE_MARK + source.encode()
         with self._errors(f"reading the binary of kernel {name}"):
-            binary = bytes(program.binaries[0])
-        self._just_built[binary] = program  # load() takes it instead of building it again
-        return binary
+            return bytes(program.binaries[0])
 
     def load(self, binary: bytes, name: str, source: str) -> Program:
-        program = self._just_built.pop(binary, None)
+        program = self._just_built.pop(source, None)
         if program is None:
             program = self._from_binary(binary, name, source)
         return OpenCLProgram(self, name, program)
 
     def _from_binary(self, binary: bytes, name: str, source: str) -> Any:
+        if binary.startswith(SOURCE_MARK):
+            text = binary[len(SOURCE_MARK):].decode()
+            return self._build(cl.Program(self.context, text), name, source)
         try:
             program = cl.Program(self.context, [self.cl_device], [binary])
             with warnings.catch_warnings():
@@ -398,12 +413,14 @@ class OpenCLDevice(Device):
     def compile_library(self, source: str, name: str) -> tuple[bytes, Any]:
         first = source.split("\n", 1)[1]  # after the first kernel's renaming line
         program = self._build(cl.Program(self.context, source), name, first)
-        with self._errors(f"reading the binary of kernel {name}"):
-            return bytes(program.binaries[0]), program
+        return self._binary(program, name, source), program
 
     def load_library(self, path: str, source: str) -> Any:
         with open(path, "rb") as f:
             binary = f.read()
+        if binary.startswith(SOURCE_MARK):
+            text = binary[len(SOURCE_MARK):].decode()
+            return self._build(cl.Program(self.context, text), os.path.basename(path), source)
         program = cl.Program(self.context, [self.cl_device], [binary])
         with self._errors(f"loading the program {os.path.basename(path)}"), \
                 warnings.catch_warnings():
