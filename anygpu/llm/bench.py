@@ -68,7 +68,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
                  rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=256),
 }
 QUANTS = {"f16": dt.float16, "bf16": dt.bfloat16, "f32": dt.float32}
-NOT_YET = ("q8", "q4")
+# packed formats (anygpu/llm/quant.py), group 32, computing in float16 where the device has it
+PACKED = ("q8", "q4")
 INIT_STD = 0.02
 PREFILL_RUNS = 3  # timed prefills after the warm-up one
 DECODE_WARMUP = 3  # the first step runs plainly, the second is captured, the third replays
@@ -104,33 +105,59 @@ class Row:
 
 
 # ---- the model on the device -------------------------------------------------------------------
-def random_weights(cfg: Any, device: str, dtype: dt.DType, seed: int = 0) -> dict[str, Any]:
+def random_weights(cfg: Any, device: str, dtype: dt.DType, seed: int = 0,
+                   packed: str | None = None) -> dict[str, Any]:
     """Every tensor the model reads, drawn on ``device``: N(0, 0.02) for matrices, ones for
     norms, zeros for biases. Each tensor has its own generator, so the counter of one never
-    wraps around over a 7B model."""
+    wraps around over a 7B model. With ``packed`` ("q8" or "q4") the projections are random
+    packed values with scales of the same spread, made on the device."""
     import anygpu as ag
     from anygpu.llm.weights import expected_shapes
 
-    out = {}
+    out: dict[str, Any] = {}
     for i, (name, shape) in enumerate(expected_shapes(cfg).items()):
+        gen = ag.Generator().manual_seed(seed * 100003 + i)
         if name.endswith("norm.weight"):
             out[name] = ag.ones(shape, dtype=dtype, device=device).contiguous().realize()
         elif name.endswith(".bias"):
             out[name] = ag.zeros(shape, dtype=dtype, device=device).contiguous().realize()
+        elif packed is not None and name != "model.embed_tokens.weight":
+            out[name] = _random_packed(packed, shape, device, dtype, gen)
         else:
-            gen = ag.Generator().manual_seed(seed * 100003 + i)
             w = ag.randn(*shape, dtype=dtype, device=device, generator=gen)
             out[name] = w.assign(w * INIT_STD)  # in place: no second copy of the matrix
     return out
 
 
+def _random_packed(kind: str, shape: tuple[int, ...], device: str, dtype: dt.DType,
+                   gen: Any) -> Any:
+    """A ``(out, in)`` projection of random ``kind`` values (group 32): int32 words of random
+    bytes and scales that give the values a spread like INIT_STD's."""
+    import anygpu as ag
+    from anygpu.llm.quant import QuantizedWeight
+
+    rows, cols = shape
+    group = 32
+    per_word = 4 if kind == "q8" else 8  # values in one int32 word
+    words = ag.randint(0, 2**31 - 1, (rows, cols // per_word), dtype=ag.int32, device=device,
+                       generator=gen).realize()
+    top = 127 if kind == "q8" else 8
+    scale_dtype = dt.float16 if ag.get_device(device).supports(dt.float16) else dt.float32
+    scales = (ag.rand(rows, cols // group, device=device, generator=gen) * (2 * INIT_STD / top)
+              ).cast(scale_dtype).realize()
+    return QuantizedWeight(kind, (rows, cols), {"values": words, "scales": scales}, dtype,
+                           group)
+
+
 def traffic(cfg: Any, weights: dict[str, Any], dtype: dt.DType, max_seq_len: int
             ) -> tuple[int, int]:
     """(weight bytes, cache bytes) one decode step moves. The embedding table gives one row
-    (unless it is the output projection too); each layer's two caches are read whole by
-    attention, and read and written whole by the kernel that writes the new row."""
+    (unless it is the output projection too); packed projections their packed bytes and
+    scales; each layer's two caches are read whole by attention, and read and written whole
+    by the kernel that writes the new row."""
     size = dt.to_dtype(dtype).itemsize
-    weight_bytes = sum(int(np.prod(t.shape)) * size for t in weights.values())
+    weight_bytes = sum(t.nbytes if hasattr(t, "parts") else int(np.prod(t.shape)) * size
+                       for t in weights.values())
     if not cfg.tie_word_embeddings:
         weight_bytes -= (cfg.vocab_size - 1) * cfg.hidden_size * size
     cache = cfg.num_kv_heads * max_seq_len * cfg.head_dim * size
@@ -208,12 +235,16 @@ def run_anygpu(config: str, quant: str, device: str, prompt_len: int, decode_tok
     from anygpu.llm.model import Transformer
 
     dev = ag.get_device(device)
-    dtype = QUANTS[quant]
+    packed = quant if quant in PACKED else None
+    if packed is not None:
+        dtype = dt.float16 if dev.supports(dt.float16) else dt.float32
+    else:
+        dtype = QUANTS[quant]
     if not dev.supports(dtype):
         raise SystemExit(f"anygpu bench llm: {dev.name} does not support {dtype.name} "
                          f"(--quant {quant})")
     cfg = ModelConfig.from_dict(CONFIGS[config], f"--config {config}")
-    weights = random_weights(cfg, dev.name, dtype)
+    weights = random_weights(cfg, dev.name, dtype, packed=packed)
     params = sum(int(np.prod(t.shape)) for t in weights.values())
     weight_bytes, kv_bytes = traffic(cfg, weights, dtype, max_seq_len)
     lm = LanguageModel(Transformer(cfg, weights, dev.name, dtype, max_seq_len), None, cfg,
@@ -254,7 +285,8 @@ def run_torch(config: str, quant: str, device: str, prompt_len: int, decode_toke
                          f"({err})") from err
     tdev = torch.device(device)
     cuda = tdev.type == "cuda"
-    tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}.get(quant, torch.float32) \
+    tdtype = {"f16": torch.float16, "bf16": torch.bfloat16, "q8": torch.float16,
+              "q4": torch.float16}.get(quant, torch.float32) \
         if cuda else torch.float32
     raw = dict(CONFIGS[config])
     hf_config = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
@@ -339,8 +371,9 @@ def add_parser(modes: Any) -> None:
                          description=__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", choices=tuple(CONFIGS), default="tinyllama-1.1b")
-    p.add_argument("--quant", choices=(*QUANTS, *NOT_YET), default="f16",
-                   help="weight format (f16, bf16, f32; the benchmark makes no q8 or q4 yet)")
+    p.add_argument("--quant", choices=(*QUANTS, *PACKED), default="f16",
+                   help="weight format: f16, bf16, f32, or q8 / q4 (packed projections, "
+                   "group 32, computing in float16 where the device has it)")
     p.add_argument("--device", default=None,
                    help="an anygpu device (default: ANYGPU_DEVICE, else cpu)")
     p.add_argument("--prompt-len", type=int, default=512)
@@ -358,10 +391,6 @@ def add_parser(modes: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     import anygpu as ag
 
-    if args.quant in NOT_YET:
-        raise SystemExit(f"anygpu bench llm: --quant {args.quant}: the benchmark does not make "
-                         f"quantized weights yet (use {', '.join(QUANTS)}; "
-                         "anygpu.llm.load(..., quant=...) quantizes a model's weights)")
     if args.prompt_len < 1 or args.decode_tokens < 1 or args.copy_mib < 1:
         raise SystemExit("anygpu bench llm: --prompt-len, --decode-tokens and --copy-mib "
                          "must be at least 1")

@@ -90,10 +90,37 @@ def test_random_weights_have_the_shapes_and_scale() -> None:
 
 
 @pytest.mark.parametrize("quant", ["q4", "q8"])
-def test_quantized_formats_are_refused_clearly(quant: str) -> None:
-    args = _args(*SMALL, "--quant", quant, "--device", "cpu")
-    with pytest.raises(SystemExit, match="the benchmark does not make quantized weights yet"):
-        args.func(args)
+def test_packed_rows_read_their_packed_bytes(quant: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    args = _args(*SMALL, "--quant", quant, "--device", "cpu", "--json")
+    assert args.func(args) == 0
+    (row,) = _rows(capsys.readouterr().out)
+    assert row["quant"] == quant and row["decode_tokens_per_s"] > 0
+    cfg = ModelConfig.from_dict(llm_bench.CONFIGS["tiny"])
+    from anygpu.llm.weights import expected_shapes
+
+    # projections: 1 or 1/2 byte a value and a 2-byte scale per 32; one embedding row, norms
+    per_value = {"q8": 1, "q4": 0.5}[quant]
+    compute = 2 if ag.get_device("cpu").supports(ag.float16) else 4
+    want = 0.0
+    for name, shape in expected_shapes(cfg).items():
+        n = int(np.prod(shape))
+        if name == "model.embed_tokens.weight":
+            want += cfg.hidden_size * compute
+        elif name.endswith("norm.weight"):
+            want += n * compute
+        else:
+            want += n * per_value + n // 32 * 2
+    assert row["weight_bytes"] == int(want)
+
+
+def test_random_packed_weights_have_the_spread_of_float_ones() -> None:
+    cfg = ModelConfig.from_dict(llm_bench.CONFIGS["tiny"])
+    weights = llm_bench.random_weights(cfg, "cpu:0", ag.float32, packed="q4")
+    w = weights["model.layers.0.mlp.up_proj.weight"]
+    values = w.dequantize().numpy()
+    assert values.shape == (128, 64)
+    assert 0.3 * llm_bench.INIT_STD < values.std() < 3 * llm_bench.INIT_STD
 
 
 def test_a_cache_too_short_is_refused() -> None:
