@@ -21,13 +21,14 @@ from typing import Any
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a Hugging Face model folder (config.json, *.safetensors, "
-                   "tokenizer.json)")
+                   "tokenizer.json) or a GGUF file")
     p.add_argument("--device", default=None, help='e.g. "cpu", "cuda", "opencl", "webgpu" '
                    "(default: ANYGPU_DEVICE, else cpu)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
                    help="compute dtype (default: the weights', where the device has it)")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="size of the key/value cache in tokens (default: the model's, <= 4096)")
+    _add_quant(p)
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--top-k", type=int, default=0)
@@ -37,6 +38,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="end the text before this string (may be given more than once)")
+
+
+def _add_quant(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quant", choices=["q8", "q4"], default=None,
+                   help="quantize the projections' float weights at load (default: as stored)")
+    p.add_argument("--group-size", type=int, choices=[32, 128], default=32,
+                   help="values per scale of --quant (default 32)")
 
 
 def _sampling(args: argparse.Namespace, default_tokens: int) -> dict[str, Any]:
@@ -50,7 +58,8 @@ def _load(args: argparse.Namespace) -> Any:
     from anygpu import llm
 
     return llm.load(args.model, device=args.device, dtype=args.dtype,
-                    max_seq_len=args.max_seq_len)
+                    max_seq_len=args.max_seq_len, quant=args.quant,
+                    group_size=args.group_size)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -133,7 +142,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     try:
         lm = llm.load(args.model, device=args.device, dtype=args.dtype,
-                      max_seq_len=args.max_seq_len, max_batch=args.max_batch)
+                      max_seq_len=args.max_seq_len, max_batch=args.max_batch,
+                      quant=args.quant, group_size=args.group_size)
         name = args.model_name or os.path.basename(os.path.normpath(args.model))
         app = build_app(lm, name, max_queue=args.max_queue)
     except (ModelFolderError, ValueError) as err:
@@ -166,7 +176,7 @@ def add_parsers(sub: Any) -> None:
                        "model", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="a Hugging Face model folder (config.json, *.safetensors, "
-                   "tokenizer.json)")
+                   "tokenizer.json) or a GGUF file")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default=None, help='e.g. "cpu", "cuda", "opencl", "webgpu" '
@@ -176,6 +186,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="tokens per sequence in the key/value cache (default: the model's, "
                    "<= 4096)")
+    _add_quant(p)
     p.add_argument("--max-batch", type=int, default=8,
                    help="sequences decoded together: the cache's slots (default 8)")
     p.add_argument("--max-queue", type=int, default=64,
