@@ -43,6 +43,10 @@ class _Node:
     def _fields(self) -> tuple[Any, ...]:
         raise NotImplementedError
 
+    def __getstate__(self) -> dict[str, Any]:
+        # without what was computed: a string's hash differs from one process to the next
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
     def __str__(self) -> str:
         return self._text
 

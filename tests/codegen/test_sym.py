@@ -218,3 +218,18 @@ def test_size_one_axes_are_dropped() -> None:
     assert dims(t(1, 5, 1) * 2) == [("o", 5, False)]
     assert dims(t(1, 1) + 1) == [("o", 1, False)]
     assert dims(t(3, 1).sum(1)) == [("o", 3, False)]
+
+
+def test_expressions_keep_what_they_computed_but_pickle_without_it() -> None:
+    import pickle
+
+    from anygpu.codegen.sym import div, mod, var
+
+    i, j = var("i", 12), var("j", 4)
+    e = mod(div(i * 4 + j + 3, 5), 7)
+    assert hash(e) == hash(e) and str(e) == "(((i*4+j+3)//5)%7)" and e.bounds == (0, 6)
+    assert div(i * 4 + j + 3, 5) is div(i * 4 + j + 3, 5)  # memoized
+    state = e.__getstate__()
+    assert set(state) == {"terms", "const"}  # a string's hash differs between processes
+    back = pickle.loads(pickle.dumps(e))
+    assert back == e and hash(back) == hash(e) and str(back) == str(e)
