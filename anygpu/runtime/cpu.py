@@ -188,17 +188,14 @@ class CPUDevice(Device):
     def compile(self, source: str, name: str) -> bytes:
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, f"{name}.so")
-            self._run_compiler(source, out, name)
+            proc = subprocess.run([config.get().cc, *_compiler_flags(), "-", "-o", out, "-lm"],
+                                  input=source.encode(), capture_output=True)
+            if proc.returncode != 0:
+                errors = proc.stderr.decode(errors="replace")
+                raise DeviceError(f"cpu: compiling kernel {name} failed:\n"
+                                  f"{errors}\n--- source ---\n{source}")
             with open(out, "rb") as f:
                 return f.read()
-
-    def _run_compiler(self, source: str, out: str, name: str) -> None:
-        proc = subprocess.run([config.get().cc, *_compiler_flags(), "-", "-o", out, "-lm"],
-                              input=source.encode(), capture_output=True)
-        if proc.returncode != 0:
-            errors = proc.stderr.decode(errors="replace")
-            raise DeviceError(f"cpu: compiling kernel {name} failed:\n"
-                              f"{errors}\n--- source ---\n{source}")
 
     # many kernels compiled as one shared library (see Device.prebuild)
     shared_libraries = True

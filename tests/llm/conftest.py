@@ -111,3 +111,22 @@ def loaded(tiny: Callable[[str], tuple[str, Any]]) -> Callable[..., Any]:
         return lm
 
     return get
+
+
+PROMPT = [1, 9, 23, 14, 40, 7]
+STEPS = 32
+
+
+def greedy_reference(model: Any) -> tuple[list[int], Any]:
+    """transformers' greedy tokens after PROMPT for STEPS steps and the logits each was chosen
+    from (the whole sequence run again for each step: no cache of its own to trust)."""
+    import numpy as np
+    import torch
+
+    seq, logits = list(PROMPT), []
+    with torch.no_grad():
+        for _ in range(STEPS):
+            out = model(torch.tensor([seq])).logits[0, -1].float().numpy()
+            logits.append(out)
+            seq.append(int(out.argmax()))
+    return seq[len(PROMPT):], np.stack(logits)

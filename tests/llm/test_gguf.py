@@ -15,15 +15,13 @@ from anygpu import llm
 from anygpu.llm import ModelFolderError, quant
 from anygpu.llm.gguf_file import GLOBAL_NAMES, LAYER_NAMES
 
-from .conftest import MERGES, SPECIALS, TEMPLATE, VOCAB
+from .conftest import MERGES, PROMPT, SPECIALS, STEPS, TEMPLATE, VOCAB, greedy_reference
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-PROMPT = [1, 9, 23, 14, 40, 7]
-STEPS = 32
 TYPES = gguf.GGMLQuantizationType
 
 
@@ -132,16 +130,6 @@ def _as_stored(model: Any, fmt: str) -> Any:
     return out
 
 
-def _greedy(model: Any) -> tuple[list[int], np.ndarray]:
-    seq, logits = list(PROMPT), []
-    with torch.no_grad():
-        for _ in range(STEPS):
-            out = model(torch.tensor([seq])).logits[0, -1].float().numpy()
-            logits.append(out)
-            seq.append(int(out.argmax()))
-    return seq[len(PROMPT):], np.stack(logits)
-
-
 @pytest.fixture(scope="module")
 def gguf_file(tiny, tmp_path_factory):
     """``gguf_file(variant, fmt) -> (path, transformers model holding the stored values)``."""
@@ -163,7 +151,7 @@ def gguf_file(tiny, tmp_path_factory):
                                          ("llama", "BF16"), ("llama", "F32")])
 def test_greedy_tokens_match_transformers(device, variant, fmt, gguf_file):
     path, model = gguf_file(variant, fmt)
-    want_tokens, want_logits = _greedy(model)
+    want_tokens, want_logits = greedy_reference(model)
     top2 = np.sort(want_logits, axis=1)[:, -2:]
     assert (top2[:, 1] - top2[:, 0]).min() > 1e-3  # no near tie that rounding could flip
     # computed in float32 over the stored values: transformers over the same values

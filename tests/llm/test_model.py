@@ -15,25 +15,17 @@ import anygpu as ag
 from anygpu import llm
 from anygpu.runtime.registry import get_device
 
+from .conftest import PROMPT, STEPS, greedy_reference
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-PROMPT = [1, 9, 23, 14, 40, 7]
-STEPS = 32
 
 
 @functools.lru_cache(maxsize=None)
 def _reference(model: Any) -> tuple[list[int], np.ndarray]:
-    """transformers' greedy tokens after PROMPT and the logits each was chosen from (the
-    whole sequence run again for each step: no cache of its own to trust)."""
-    seq, logits = list(PROMPT), []
-    with torch.no_grad():
-        for _ in range(STEPS):
-            out = model(torch.tensor([seq])).logits[0, -1].float().numpy()
-            logits.append(out)
-            seq.append(int(out.argmax()))
-    return seq[len(PROMPT):], np.stack(logits)
+    return greedy_reference(model)
 
 
 def _recorder() -> tuple[list[np.ndarray], Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from anygpu import config
 from anygpu.runtime import cpu
 from anygpu.runtime.base import SHARED_MARK
 
@@ -17,14 +16,8 @@ void scale(float* restrict out, const float* restrict a) {
 """
 
 
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    """Every test compiles into its own program cache, never the user's."""
-    monkeypatch.setenv("ANYGPU_CACHE_DIR", str(tmp_path))
-    config.reload()
-    yield tmp_path
-    monkeypatch.undo()
-    config.reload()
+# every test compiles into its own program cache (conftest.py), never the user's
+pytestmark = pytest.mark.usefixtures("cache_dir")
 
 
 def _kernels(count: int) -> list[tuple[str, str]]:

@@ -9,7 +9,6 @@ import uuid
 import numpy as np
 import pytest
 
-from anygpu import config
 from anygpu.dtype import bfloat16, float16, float32
 from anygpu.runtime import cuda
 from anygpu.runtime.base import DeviceError, OutOfMemoryError
@@ -200,16 +199,6 @@ def test_other_thread(dev: cuda.CUDADevice, rng: np.random.Generator) -> None:
     thread.join()
     assert not errors, errors
     np.testing.assert_array_equal(results[0], host)
-
-
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("ANYGPU_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("ANYGPU_DISK_CACHE", "1")
-    config.reload()
-    yield tmp_path
-    monkeypatch.undo()
-    config.reload()
 
 
 def test_disk_cache(dev: cuda.CUDADevice, cache_dir, monkeypatch) -> None:

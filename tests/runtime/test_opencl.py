@@ -7,7 +7,6 @@ import pytest
 
 pytest.importorskip("pyopencl")
 
-from anygpu import config
 from anygpu.dtype import bfloat16, float16, float32, int64
 from anygpu.runtime import opencl
 from anygpu.runtime.base import SHARED_MARK, DeviceError, OutOfMemoryError
@@ -26,14 +25,8 @@ __kernel void add(__global float* out, __global const float* a, __global const f
 """
 
 
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    """Every test compiles into its own program cache, never the user's."""
-    monkeypatch.setenv("ANYGPU_CACHE_DIR", str(tmp_path))
-    config.reload()
-    yield tmp_path
-    monkeypatch.undo()
-    config.reload()
+# every test compiles into its own program cache (conftest.py), never the user's
+pytestmark = pytest.mark.usefixtures("cache_dir")
 
 
 @pytest.fixture
