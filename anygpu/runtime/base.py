@@ -451,7 +451,9 @@ class Device:
             try:
                 self._compile_cached(*items[0])
             except Exception:  # noqa: BLE001 (reported again by program())
-                pass
+                return
+            if profiling is not None:
+                profiling.built(self, items[0][1], start, "compile")
             return
         parts, symbols = [], []
         for i, (source, name) in enumerate(items):

@@ -159,12 +159,16 @@ def test_training_step(device: str, monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert len(prof.events) == count and sched.profiling is None and base.profiling is None
 
 
-def test_compiles_on_a_cold_cache(device: str, monkeypatch: pytest.MonkeyPatch,
+# sizes, so kernels, this process has not seen: a sum in one kernel, and one that splits in
+# two (its new kernels compile together before either runs)
+@pytest.mark.parametrize("size", ["one-kernel", "split"])
+def test_compiles_on_a_cold_cache(device: str, size: str, monkeypatch: pytest.MonkeyPatch,
                                   tmp_path: Path) -> None:
     monkeypatch.setenv("ANYGPU_CACHE_DIR", str(tmp_path / "cache"))
     config.reload()
     try:
-        n = 5000 + secrets.randbelow(5000)  # a size, so a kernel, this process has not seen
+        n = 5000 + secrets.randbelow(5000) if size == "one-kernel" else \
+            3 * (334000 + secrets.randbelow(5000))
         x = ag.tensor(np.ones(n, dtype=np.float32), device=device)
         with counted_launches(device, monkeypatch) as launched:
             with profile() as cold:
