@@ -101,6 +101,9 @@ class KernelAST:
     inputs: list[Lazy]  # buffer b1, b2, ... (b0 is the output)
     index_dtype: DType
     lins: list[sym.Lin] = field(default_factory=list)
+    # a kernel that writes chosen rows of its output (``rows_written``) stores an element only
+    # where this holds; its out_index is then computed from loaded indices
+    guard: ir.Expr | None = None
 
     @property
     def outer(self) -> list[tuple[str, int, bool]]:
@@ -362,10 +365,41 @@ def write_in_place(ast: KernelAST, k: int) -> KernelAST:
                      ast.output, ast.inputs[:k] + ast.inputs[k + 1:], ast.index_dtype)
 
 
+def rows_written(ast: KernelAST, index: Lazy, dim: int, target: Lazy) -> KernelAST:
+    """``ast``, an elementwise kernel computing a tensor ``S`` (its out_index the flat
+    row-major index into ``S``), made to store into ``target`` instead: the rows of ``S``
+    along ``dim`` go to rows ``index[r]`` of ``target`` (``index`` becomes the last input;
+    ``target`` has ``S``'s shape but for ``dim``). A negative index counts from the end; one
+    outside ``target``'s rows stores nothing."""
+    assert not ast.reduce and not ast.stages and ast.guard is None
+    shape = ast.output.shape
+    dt = ast.index_dtype
+    inner = math.prod(shape[dim + 1:])
+    rows, total = shape[dim], target.shape[dim]
+    flat = ast.out_index
+    row = flat if inner == 1 else ir.alu("idiv", flat, ir.const(inner, dt))
+    if math.prod(shape[:dim]) > 1:
+        row = ir.alu("mod", row, ir.const(rows, dt))
+    loaded = ir.cast(ir.load(f"b{len(ast.inputs) + 1}", index.dtype, row), dt)
+    picked = ir.alu("where", ir.alu("lt", loaded, ir.const(0, dt)),
+                    ir.alu("add", loaded, ir.const(total, dt)), loaded)
+    at = picked if inner == 1 else ir.alu("add", ir.alu("mul", picked, ir.const(inner, dt)),
+                                          ir.alu("mod", flat, ir.const(inner, dt)))
+    if math.prod(shape[:dim]) > 1:
+        outer = ir.alu("idiv", flat, ir.const(rows * inner, dt))
+        at = ir.alu("add", ir.alu("mul", outer, ir.const(total * inner, dt)), at)
+    inside = ir.alu("and", ir.alu("not", ir.alu("lt", picked, ir.const(0, dt))),
+                    ir.alu("lt", picked, ir.const(total, dt)))
+    return dataclasses.replace(ast, out_index=at, output=target, inputs=[*ast.inputs, index],
+                               guard=inside, lins=[])
+
+
 def kernel_bytes(ast: KernelAST) -> int:
-    """The fewest bytes the kernel moves: each input read once and the output written once."""
+    """The fewest bytes the kernel moves: each input read once and the output written once
+    (the elements it stores, where it writes chosen rows)."""
+    written = math.prod(d[1] for d in ast.dims) if ast.guard is not None else ast.output.numel
     return sum(n.numel * n.dtype.itemsize for n in ast.inputs) + \
-        ast.output.numel * ast.output.dtype.itemsize
+        written * ast.output.dtype.itemsize
 
 
 # ---- loops ------------------------------------------------------------------------------------
@@ -423,8 +457,10 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
     red_total = math.prod(d[1] for d in ast.reduce)
     dt = ast.index_dtype
     sizes = "_".join(str(d[1]) for d in ast.dims) or "1"
-    name = ("r_" if ast.reduce else "e_") + sizes
+    name = ("r_" if ast.reduce else "w_" if ast.guard is not None else "e_") + sizes
     store = ir.Store("b0", ast.out_index, ast.out_value)
+    # a kernel writing chosen rows is elementwise: only the plain loops below take it
+    stored: ir.Stmt = store if ast.guard is None else ir.If(ast.guard, [store])
     if dialect == "c":
         contraction = gemm.match(ast)
         # below ~2M multiply-adds the compiled kernel beats the BLAS call and its scratch (the
@@ -433,7 +469,7 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
             plan = gemm.host_plan(ast, contraction)
             if plan is not None:
                 return _host_contraction(ast, plan, params, "gemm_" + sizes, contraction.flops)
-        body = _cpu_body(ast, store, outer_total)
+        body = _cpu_body(ast, stored, outer_total)
         return ir.Kernel(name, params, body, 1, 1, {"bytes": kernel_bytes(ast)})
     contraction = gemm.match(ast)
     features = features or {}
@@ -462,7 +498,7 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
         body = []
         for e in range(per_thread):
             flat = ir.alu("add", base, ir.const(e * local, dt))
-            inner = _decompose(flat, ast.dims) + [store]
+            inner = _decompose(flat, ast.dims) + [stored]
             body.append(ir.If(ir.alu("lt", flat, ir.const(outer_total, dt)), inner))
         return ir.Kernel(name, params, body, groups, local, {"bytes": kernel_bytes(ast)})
     # many short rows (a pooling window of 9, a small softmax) take a thread each: a work-group
@@ -586,7 +622,7 @@ def _cpu_rows(ast: KernelAST, work: int) -> list[ir.Stmt] | None:
     return out
 
 
-def _cpu_body(ast: KernelAST, store: ir.Store, outer_total: int,
+def _cpu_body(ast: KernelAST, store: ir.Stmt, outer_total: int,
               threads: bool = True) -> list[ir.Stmt]:
     dt = ast.index_dtype
     red_total = math.prod(d[1] for d in ast.reduce)
@@ -764,4 +800,5 @@ def _thread_per_output(ast: KernelAST, name: str, params: list[ir.Param], store:
                      {"bytes": kernel_bytes(ast)})
 
 
-__all__ = ["KernelSpec", "KernelAST", "choose_spec", "build_kernel", "to_ir", "write_in_place"]
+__all__ = ["KernelSpec", "KernelAST", "choose_spec", "build_kernel", "to_ir", "write_in_place",
+           "rows_written"]

@@ -23,6 +23,7 @@ from anygpu.codegen.templates import gemm
 from anygpu.codegen.render.cstyle import render
 from anygpu.codegen.render.wgsl import launch_groups
 from anygpu.dtype import DType, bfloat16, float16
+from anygpu.dtype import int32 as dt_int32
 from anygpu.graph.lazy import (Lazy, contiguous_run, is_boundary, is_view_of_buffer,
                                pending_readers)
 from anygpu.ops.linalg import get_float32_matmul_precision
@@ -790,3 +791,58 @@ def realize_into(value: Lazy, target: Lazy) -> None:
     copy = DeviceCopy(device, [target.buffer, value.buffer])
     copy()
     _record(copy)
+
+
+
+_row_writes: dict[tuple, lower.KernelAST] = {}
+
+
+def write_rows(target: Lazy, dim: int, index: Lazy, value: Lazy) -> None:
+    """Rows of ``target`` along ``dim`` become ``value``'s, in place: row ``index[r]`` (an
+    integer vector) takes ``value``'s row ``r``. One kernel over ``value``'s elements, with
+    ``value`` computed inside it where it is elementwise, so a write costs the rows written,
+    not the whole target (a KV cache taking its new tokens). A negative index counts from the
+    end; one outside ``target``'s rows writes nothing; where two indices name one row, one of
+    the two values stays.
+
+    As with ``realize_into``, computations built before the write read the old values."""
+    if target.buffer is None or target.op is not Op.BUFFER:
+        raise ValueError("write_rows needs a realized tensor that owns its memory, not a view")
+    device = get_device(target.device)
+    _detach_aliases(target, device)
+    if index.buffer is None:
+        index = index.contiguous()
+        realize(index)
+    if value.realized or row_slice(value) is not None:
+        value = value.contiguous()  # a kernel that reads it, made to store rows below
+    items = schedule([value])
+    last = items[-1]
+    assert isinstance(last, KernelItem) and last.output is value
+    ast = last.ast
+    fused = not ast.reduce and not ast.stages and not any(
+        n.buffer is target.buffer or n.buffer is None and (rows := row_slice(n)) is not None
+        and rows[0].buffer is target.buffer for n in ast.inputs) and (
+        ast.index_dtype != dt_int32 or target.numel < 2**31 - 1)
+    if fused:
+        run(items[:-1])
+    else:  # computed into a buffer of its own first (it reads the target, or reduces)
+        run(items)
+        value = value.contiguous()
+        last = schedule([value])[-1]
+        assert isinstance(last, KernelItem)
+        ast = last.ast
+    readers = pending_readers(target, value)
+    if readers:
+        run(schedule(readers))
+    _keep_old_values(target, device)
+    key = (last.signature, "rows", dim, target.shape, index.dtype, index.numel)
+    template = _row_writes.get(key)
+    if template is None:
+        template = _template(lower.rows_written(ast, index, dim, target))
+        _row_writes[key] = template
+        if len(_row_writes) > 1024:
+            _row_writes.pop(next(iter(_row_writes)))
+    written = dataclasses.replace(template, output=target, inputs=[*ast.inputs, index])
+    launch = prepare(KernelItem(written, key), out=target.buffer)
+    launch()
+    _record(launch)

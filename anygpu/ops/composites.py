@@ -478,7 +478,7 @@ def methods() -> dict[str, Any]:
         "diagonal": diagonal, "diag_embed": diag_embed, "diag": diag, "trace": trace,
         "roll": roll, "repeat_interleave": repeat_interleave, "kron": kron, "cummax": cummax,
         "cummin": cummin, "logcumsumexp": logcumsumexp, "scatter": indexing.scatter,
-        "scatter_reduce": indexing.scatter_reduce,
+        "scatter_reduce": indexing.scatter_reduce, "index_copy": indexing.index_copy,
     }
 
 
@@ -497,7 +497,7 @@ FUNCTIONS = ["abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", 
              "masked_select", "nonzero", "lerp", "numel", "repeat", "expand",
              "sort", "argsort", "msort", "topk", "kthvalue", "diagonal", "diag_embed", "diag",
              "trace", "roll", "repeat_interleave", "kron", "cummax", "cummin", "logcumsumexp",
-             "scatter", "scatter_reduce"]
+             "scatter", "scatter_reduce", "index_copy"]
 
 
 def function(name: str) -> Callable[..., Any]:

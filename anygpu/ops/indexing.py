@@ -198,6 +198,65 @@ def index_select(x: "Tensor", dim: int, index: Any) -> "Tensor":
     return gather(x, axis, idx.reshape(view).expand(shape))
 
 
+def _index_copy_args(x: "Tensor", dim: int, index: Any, source: "Tensor",
+                     name: str) -> tuple[int, "Tensor", "Tensor"]:
+    """index_copy's axis, its index as an integer vector (host indices checked and wrapped,
+    a tensor's as they are) and ``source`` on x's device, after PyTorch's checks."""
+    from anygpu.tensor import Tensor, _axis
+
+    if not isinstance(source, Tensor):
+        raise TypeError(f"{name}(): source must be a Tensor, got {type(source).__name__}")
+    axis = _axis(dim, max(x.ndim, 1))
+    if isinstance(index, Tensor) and index.dtype.is_float:
+        raise IndexError(f"{name}(): Expected a long tensor for index, but got "
+                         f"{index.dtype.name}")
+    if np.ndim(index) > 1 if not isinstance(index, Tensor) else index.ndim > 1:
+        raise IndexError(f"{name}(): Index should have dimension 1 or 0 (got "
+                         f"{index.ndim if isinstance(index, Tensor) else np.ndim(index)})")
+    if source.dtype != x.dtype:
+        raise RuntimeError(f"{name}(): self and source expected to have the same dtype, but "
+                           f"got (self) {x.dtype.name} and (source) {source.dtype.name}")
+    size = x.shape[axis] if x.ndim else 1
+    # a device tensor's negative indices are wrapped by the kernels that read it
+    idx = (index if isinstance(index, Tensor) else _index_tensor(index, x, size)).reshape(-1)
+    if idx.device != x.device:
+        idx = idx.to(x.device)
+    if source.device != x.device:
+        source = source.to(x.device)
+    src_shape = source.shape if source.ndim else (1,)
+    x_shape = x.shape if x.ndim else (1,)
+    if len(src_shape) != len(x_shape) or any(
+            a != b for k, (a, b) in enumerate(zip(src_shape, x_shape)) if k != axis):
+        raise IndexError(f"{name}(): Source/destination tensor must have same slice shapes. "
+                         f"Destination slice shape: {x.shape} at dimension {axis} and source "
+                         f"slice shape: {source.shape} at dimension {axis}.")
+    if src_shape[axis] != idx.shape[0]:
+        raise IndexError(f"{name}(): Number of indices ({idx.shape[0]}) should be equal to "
+                         f"source.size(dim) ({src_shape[axis]})")
+    if idx.dtype not in (dt.int32, dt.int64):
+        idx = idx.cast(dt.int32)
+    return axis, idx, source.reshape(src_shape)
+
+
+def index_copy(x: "Tensor", dim: int, index: Any, source: "Tensor") -> "Tensor":
+    """PyTorch's ``index_copy``: ``x`` with its rows ``index[r]`` along ``dim`` replaced by
+    ``source``'s rows ``r`` (where two name one row, the last wins; a negative index counts
+    from the end, which PyTorch refuses). ``x.index_copy_`` writes only those rows, in place.
+
+    >>> import anygpu as ag
+    >>> ag.zeros(3, 2).index_copy(0, ag.tensor([2, 0]), ag.tensor([[1.0, 2.0], [3.0, 4.0]])
+    ...                            ).tolist()
+    [[3.0, 4.0], [0.0, 0.0], [1.0, 2.0]]
+    """
+    axis, idx, src = _index_copy_args(x, dim, index, source, "index_copy")
+    idx = idx.lt(0)._select(idx + (x.shape[axis] if x.ndim else 1), idx)
+    shape = [1] * src.ndim
+    shape[axis] = idx.shape[0]
+    flat = x.reshape(src.shape[:axis] + (x.shape[axis] if x.ndim else 1,) + src.shape[axis + 1:])
+    out = scatter(flat, axis, idx.reshape(shape).expand(src.shape), src)
+    return out.reshape(x.shape)
+
+
 def scatter_add(x: "Tensor", dim: int, index: "Tensor", src: "Tensor") -> "Tensor":
     """``out = x``, then ``out[..., index[i], ...] += src[i]`` along ``dim``, as a one-hot
     reduction (no atomics, so the result is the same on every backend and every run)."""
@@ -390,5 +449,5 @@ def scatter_reduce(x: "Tensor", dim: int, index: Any, src: "Tensor", reduce: str
     return _finish(out, x, axis)
 
 
-__all__ = ["getitem", "gather", "index_select", "scatter_add", "scatter", "scatter_reduce",
-           "scatter_grad"]
+__all__ = ["getitem", "gather", "index_select", "index_copy", "scatter_add", "scatter",
+           "scatter_reduce", "scatter_grad"]

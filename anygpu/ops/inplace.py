@@ -24,7 +24,8 @@ import numpy as np
 from anygpu import dtype as dt
 from anygpu.graph.lazy import Lazy
 from anygpu.ops.grad import is_grad_enabled
-from anygpu.ops.indexing import getitem, scatter, scatter_add, scatter_reduce
+from anygpu.ops.indexing import (_index_copy_args, getitem, index_copy, scatter, scatter_add,
+                                 scatter_reduce)
 from anygpu.ops.primitives import MOVEMENT, Op
 
 if TYPE_CHECKING:
@@ -226,6 +227,24 @@ def setitem(x: "Tensor", index: Any, value: Any) -> None:
     write(x, where(hits.gt(0), summed.cast(x.dtype), x.reshape(1, -1)).reshape(x.shape))
 
 
+def index_copy_(x: "Tensor", dim: int, index: Any, source: "Tensor") -> "Tensor":
+    """``x.index_copy_(dim, index, source)``: rows ``index[r]`` of ``x`` along ``dim`` become
+    ``source``'s rows ``r``, in place. Where autograd does not record it and ``x`` owns its
+    memory, one kernel writes only those rows (a cache taking new entries costs what it
+    takes, not its size); indices that a device tensor holds outside the rows write nothing
+    there (host indices out of range raise). Otherwise as ``x.copy_(x.index_copy(...))``."""
+    from anygpu.graph import schedule as sched
+
+    axis, idx, src = _index_copy_args(x, dim, index, source, "index_copy_")
+    if _records(x, src) or x.ndim == 0:
+        return write(x, index_copy(x, axis, idx, src))
+    x.realize()
+    if x.lazy.op is not Op.BUFFER:  # a view: written through the tensor it shows
+        return write(x, index_copy(x, axis, idx, src))
+    sched.write_rows(x.lazy, axis, idx.lazy, src.lazy)
+    return x
+
+
 # the in-place methods: name_ computes name (or the function given) and writes it back
 _SAME_NAME = ["add", "sub", "mul", "div", "pow", "neg", "abs", "sqrt", "rsqrt", "exp", "log",
               "sin", "cos", "tan", "sigmoid", "tanh", "relu", "clamp", "clip", "floor", "ceil",
@@ -307,6 +326,7 @@ def methods() -> dict[str, Callable[..., "Tensor"]]:
 
     out = {n + "_": _method(n, getattr(Tensor, n)) for n in _SAME_NAME if hasattr(Tensor, n)}
     out.update({n + "_": _method(n, f) for n, f in _OWN.items()})
+    out["index_copy_"] = index_copy_
     for op, name in [("add", "__iadd__"), ("sub", "__isub__"), ("mul", "__imul__"),
                      ("div", "__itruediv__"), ("floor_divide", "__ifloordiv__"),
                      ("remainder", "__imod__"), ("pow", "__ipow__"),

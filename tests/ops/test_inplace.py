@@ -83,8 +83,29 @@ def index_tensors(m, t, data):
     return [x, ints, flags]
 
 
-@pytest.mark.parametrize("program", [basic, methods, transposed, masks, index_tensors],
-                         ids=lambda f: f.__name__)
+def index_copies(m, t, data):
+    x = t(data)
+    before = x.sum(1)              # computed before the write: keeps the old values
+    x.index_copy_(0, t(np.array([3, 0])), t(data[1:3]) * 2 + 1)   # the value fused in
+    x.index_copy_(1, t(np.array([4, 0, 2])), x[:, 1:4].clone())   # read the target first
+    x.index_copy_(1, t(np.array([1])), x[:, 3:4])                  # a view of the target
+    col = x[:, 2]                  # a view: shows the next write
+    x.index_copy_(1, t(np.array([2])), t(data[:, :1]).exp())
+    ints = t(np.arange(12, dtype=np.int32).reshape(3, 4))
+    ints.index_copy_(1, t(np.array([3, 1])), t(np.array([[7, 8]] * 3, dtype=np.int32)))
+    cube = t(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    cube.index_copy_(1, t(np.array([2, 0])), -cube[:, :2] - 1)
+    cube.index_copy_(2, t(np.array([0])), t(data[:2, :3, None]))
+    # the functional form, with gradients for both tensors
+    w = t(data).requires_grad_()
+    src = t(data[:2] * 3).requires_grad_()
+    out = w.index_copy(0, t(np.array([1, 3])), src * src)
+    (out * t(data)).sum().backward()
+    return [x, before, col, ints, cube, out, w.grad, src.grad]
+
+
+@pytest.mark.parametrize("program", [basic, methods, transposed, masks, index_tensors,
+                                     index_copies], ids=lambda f: f.__name__)
 def test_in_place_matches_pytorch(device, program):
     both(program, device)
 
@@ -160,3 +181,67 @@ def test_assign_rows_of_another_tensor(device):
     np.testing.assert_array_equal(dst.numpy(), host[2:6])
     src.add_(1.0)
     np.testing.assert_array_equal(dst.numpy(), host[2:6])
+
+
+def test_index_copy_writes_only_its_rows(device):
+    # one kernel over the new rows, the value computed inside it; the rest of the target is
+    # neither read nor written (a cache of many rows taking one new row)
+    rng = np.random.default_rng(3)
+    host = rng.standard_normal((64, 8)).astype(np.float32)
+    cache = ag.tensor(host, device=device).realize()
+    new = ag.tensor(rng.standard_normal((2, 8)).astype(np.float32), device=device).realize()
+    where = ag.tensor(np.array([5, 60], dtype=np.int32), device=device).realize()
+    with ag.profile() as prof:
+        cache.index_copy_(0, where, new * 0.5 - 1)
+    kernels = [e for e in prof.events if e.kind == "kernel"]
+    assert len(kernels) == 1 and kernels[0].nbytes == (2 * 8 * 2 + 2) * 4
+    want = host.copy()
+    want[[5, 60]] = new.numpy() * 0.5 - 1
+    np.testing.assert_array_equal(cache.numpy(), want)
+
+
+def test_index_copy_device_indices_out_of_range_write_nothing(device):
+    x = ag.tensor(np.arange(10, dtype=np.float32).reshape(5, 2), device=device)
+    # a device tensor's indices are not read back: rows past the end are skipped, negative
+    # ones count from the end (PyTorch raises for both)
+    x.index_copy_(0, ag.tensor(np.array([7, -1, 1], dtype=np.int32), device=device),
+                  ag.tensor(np.full((3, 2), -3.0, np.float32), device=device))
+    want = np.arange(10, dtype=np.float32).reshape(5, 2)
+    want[[4, 1]] = -3.0
+    np.testing.assert_array_equal(x.numpy(), want)
+
+
+def test_index_copy_replays_under_jit(device):
+    rng = np.random.default_rng(5)
+    cache = ag.tensor(np.zeros((16, 4), np.float32) + 1.0, device=device).realize()
+    want = cache.numpy()
+
+    def step(rows, pos):
+        cache.index_copy_(0, pos, rows.exp())
+        return cache.sum()
+
+    run = ag.jit(step)
+    for k in range(5):
+        rows = rng.standard_normal((2, 4)).astype(np.float32)
+        pos = np.array([k, 15 - k], dtype=np.int32)
+        total = run(ag.tensor(rows, device=device), ag.tensor(pos, device=device)).item()
+        want[pos] = np.exp(rows)
+        np.testing.assert_allclose(cache.numpy(), want, rtol=1e-6)
+        np.testing.assert_allclose(total, want.sum(), rtol=1e-5)
+
+
+def test_index_copy_errors(device):
+    x = ag.zeros(4, 3, device=device)
+    src = ag.ones(2, 3, device=device)
+    with pytest.raises(IndexError, match="Number of indices"):
+        x.index_copy_(0, ag.tensor([1, 2, 3], device=device), src)
+    with pytest.raises(IndexError, match="same slice shapes"):
+        x.index_copy_(0, ag.tensor([1, 2], device=device), ag.ones(2, 4, device=device))
+    with pytest.raises(IndexError, match="dimension 1 or 0"):
+        x.index_copy_(0, ag.tensor([[1, 2]], device=device), src)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        x.index_copy_(0, ag.tensor([1, 2], device=device), src.int())
+    with pytest.raises(IndexError):
+        x.index_copy_(0, [1, 4], src)      # host indices are checked
+    with pytest.raises(IndexError, match="long tensor"):
+        x.index_copy_(0, ag.tensor([1.0, 2.0], device=device), src)
