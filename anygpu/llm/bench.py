@@ -15,10 +15,10 @@ builds. A row reports:
   the host) over ``--decode-tokens`` steps after a warm-up, and its tokens per second;
 - the roofline: the bytes a decode step moves (every weight read once, the embedding table
   one row of it, and the key/value cache as the current implementation touches it: attention
-  reads the whole preallocated cache, and the kernel that writes the new row reads and
-  rewrites it) over the device's copy rate, measured in the same run with a large
-  device-to-device copy (bytes read plus bytes written, per second). The achieved share is
-  the decode tokens/s over the roofline's.
+  reads the whole preallocated cache, and one row is written per layer and cache) over the
+  device's copy rate, measured in the same run with a large device-to-device copy (bytes read
+  plus bytes written, per second). The achieved share is the decode tokens/s over the
+  roofline's.
 
 ``--compare torch`` runs transformers' model of the same configuration, randomly initialized,
 on the same device (float16 on a GPU, float32 on the processor) with its own growing cache.
@@ -94,7 +94,7 @@ class Row:
     decode_tokens_per_s: float
     # the roofline (anygpu's rows): bytes one decode step moves, over the copy rate
     weight_bytes: int | None = None
-    kv_cache_bytes: int | None = None  # cache traffic of one step (reads and the rewrite)
+    kv_cache_bytes: int | None = None  # cache traffic of one step (reads and the new row)
     bytes_per_token: int | None = None
     copy_gb_per_s: float | None = None  # bytes read plus written per second, 1e9
     roofline_tokens_per_s: float | None = None
@@ -153,15 +153,14 @@ def traffic(cfg: Any, weights: dict[str, Any], dtype: dt.DType, max_seq_len: int
             ) -> tuple[int, int]:
     """(weight bytes, cache bytes) one decode step moves. The embedding table gives one row
     (unless it is the output projection too); packed projections their packed bytes and
-    scales; each layer's two caches are read whole by attention, and read and written whole
-    by the kernel that writes the new row."""
+    scales; each layer's two caches are read whole by attention and take one new row."""
     size = dt.to_dtype(dtype).itemsize
     weight_bytes = sum(t.nbytes if hasattr(t, "parts") else int(np.prod(t.shape)) * size
                        for t in weights.values())
     if not cfg.tie_word_embeddings:
         weight_bytes -= (cfg.vocab_size - 1) * cfg.hidden_size * size
-    cache = cfg.num_kv_heads * max_seq_len * cfg.head_dim * size
-    return weight_bytes, 3 * 2 * cfg.num_layers * cache
+    row = cfg.num_kv_heads * cfg.head_dim * size
+    return weight_bytes, 2 * cfg.num_layers * (max_seq_len + 1) * row
 
 
 def copy_rate(device: str, mib: int) -> float:
@@ -352,8 +351,8 @@ def format_table(rows: list[Row]) -> str:
                      f"step moves {_bytes(r.bytes_per_token)} (weights "
                      f"{_bytes(r.weight_bytes)}, key/value cache "
                      f"{_bytes(r.kv_cache_bytes)}: attention reads the whole preallocated "
-                     f"cache of {r.max_seq_len} tokens, the row write reads and rewrites "
-                     f"it); copy rate {r.copy_gb_per_s:.1f} GB/s")
+                     f"cache of {r.max_seq_len} tokens and writes one row); copy rate "
+                     f"{r.copy_gb_per_s:.1f} GB/s")
     if any(r.prefill_ratio is not None for r in rows):
         lines.append("ratio: anygpu's time over PyTorch's, prefill/decode (above 1: slower); "
                      "PyTorch's cache holds only the tokens so far")

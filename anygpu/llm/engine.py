@@ -164,10 +164,8 @@ class LanguageModel:
         tokens[:n, 0], starts[:n] = ids, positions
         read = np.zeros(rows, dtype=np.int32)  # the unused rows read slot 0 and write nothing
         read[:n] = slots
-        row_of_slot = np.full(full, -1, dtype=np.int32)
-        row_of_slot[slots] = np.arange(n, dtype=np.int32)
-        out = self._decode(self._tensor(tokens), self._tensor(starts), last, self._tensor(read),
-                           self._tensor(row_of_slot)).numpy()
+        out = self._decode(self._tensor(tokens), self._tensor(starts), last,
+                           self._tensor(read)).numpy()
         return out[:n]
 
     def warm_up(self) -> None:

@@ -1,12 +1,14 @@
 """The Llama-family decoder in anygpu ops, with a key/value cache of fixed size.
 
-The cache holds ``max_batch`` sequences, one slot each: per layer ``(max_batch, kv_heads,
-max_seq_len, head_dim)``, preallocated. ``Transformer.forward(tokens, start, last, slot)`` runs
-either one sequence's ``L`` tokens at positions ``start .. start + L - 1`` into slot ``slot``
-(prefill), or one token for each of several sequences at once (decode: ``tokens`` (rows, 1),
-``start`` the position of each, -1 for a row that sits the step out; the rows are the slots,
-or ``slot`` says which slot each row reads and ``row_of_slot`` which row each slot takes). It
-writes the new keys and values into the cache and returns the logits of one token per row.
+The cache holds ``max_batch`` sequences, one slot each: per layer ``(max_batch *
+max_seq_len, kv_heads * head_dim)``, a row per slot and position, preallocated; a step writes
+only the rows of its new tokens (one kernel that stores those rows, ``schedule.write_rows``),
+and attention reads a slot's rows as ``(kv_heads, max_seq_len, head_dim)``.
+``Transformer.forward(tokens, start, last, slot)`` runs either one sequence's ``L`` tokens at
+positions ``start .. start + L - 1`` into slot ``slot`` (prefill), or one token for each of
+several sequences at once (decode: ``tokens`` (rows, 1), ``start`` the position of each, -1 for
+a row that sits the step out; the rows are the slots, or ``slot`` says the slot of each row).
+It writes the new keys and values into the cache and returns the logits of one token per row.
 Every input is a device tensor, so a captured decode step replays for every position and
 every mix of running sequences: positions and slots enter the kernels as data (the rows of the
 RoPE tables gathered, the slots read, the cache rows written, the keys masked), never as
@@ -23,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from anygpu import dtype as dt
+from anygpu.graph import schedule as sched
 from anygpu.llm.config import ModelConfig
 from anygpu.llm.quant import QuantizedWeight
 from anygpu.nn import functional as F
@@ -90,7 +93,8 @@ class Transformer:
         self.embed = weights["model.embed_tokens.weight"]
         self.norm = weights["model.norm.weight"]
         self.lm_head = self.embed if cfg.tie_word_embeddings else weights["lm_head.weight"]
-        cache_shape = (max_batch, cfg.num_kv_heads, max_seq_len, cfg.head_dim)
+        # a cache row per (slot, position), holding every key/value head of that token
+        cache_shape = (max_batch * max_seq_len, cfg.num_kv_heads * cfg.head_dim)
         window = cfg.sliding_window
         self.layers = []
         for i in range(cfg.num_layers):
@@ -125,20 +129,13 @@ class Transformer:
             .reshape(rows, heads, length, dim)
         return x * cos + swapped * sin
 
-    def _write_cache(self, cache: Tensor, new: Tensor, written: Tensor,
-                     source: Tensor | None) -> None:
-        """The rows ``written`` (max_batch, max_seq_len) of ``cache`` become rows of ``new``
-        (rows, kv_heads, L, head_dim): row ``source`` of the slot's sequence. One in-place
-        kernel over the cache that picks, per row, the new value or the old."""
-        if source is None:  # one new row each
-            rows = new.expand(new.shape[0], new.shape[1], cache.shape[2], new.shape[3])
-        else:
-            rows = new.index_select(2, source)
-        rows = rows.expand(cache.shape)
-        cache.assign(where(written.reshape(cache.shape[0], 1, cache.shape[2], 1), rows, cache))
+    def _write_cache(self, cache: Tensor, new: Tensor, rows: Tensor) -> None:
+        """Cache rows ``rows`` (n,) become ``new`` (n, kv_heads * head_dim), in place: one
+        kernel that stores only those rows (an index past the cache stores nothing)."""
+        sched.write_rows(cache.lazy, 0, rows.lazy, new.cast(cache.dtype).lazy)
 
-    def forward(self, tokens: Tensor, start: Tensor, last: Tensor, slot: Tensor | None = None,
-                row_of_slot: Tensor | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, start: Tensor, last: Tensor,
+                slot: Tensor | None = None) -> Tensor:
         """Logits (rows, vocab) in float32 of token ``last[r]`` of each row of ``tokens``
         (rows, L) int32 (or (L,): one row), whose tokens sit at positions ``start[r] ..``;
         their keys and values go into the cache.
@@ -147,8 +144,7 @@ class Transformer:
         rows are the slots, all ``max_batch`` of them, one token each (a decode step); a row
         whose ``start`` is negative sits the step out: it writes nothing and its logits are
         meaningless. A decode step of fewer rows than slots gives ``slot`` (rows,), the slot
-        each row reads, and ``row_of_slot`` (max_batch,), the row whose token each slot takes
-        (-1: none).
+        of each row.
 
         Tokens after ``last`` may be padding (a prompt padded to a length whose kernels exist
         already): their cache rows lie past the real tokens, where no query looks before a
@@ -161,9 +157,9 @@ class Transformer:
         if slot is None and rows != slots:
             raise ValueError(f"without a slot, forward runs every slot of the cache: {slots} "
                              f"rows, got {rows}")
-        if slot is not None and rows > 1 and (row_of_slot is None or length > 1):
-            raise ValueError("a step of several rows in given slots runs one token each and "
-                             "needs row_of_slot")
+        if slot is not None and rows > 1 and length > 1:
+            raise ValueError(f"a step of several rows in given slots runs one token each, got "
+                             f"{length}")
         if slot is None and length > 1 and rows > 1:
             raise ValueError(f"a step of every slot runs one token each, got {length}")
         heads, kv_heads, dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -180,21 +176,12 @@ class Transformer:
         windowed = causal
         if cfg.sliding_window is not None:
             windowed = causal & (columns.reshape(1, 1, total) > seen - cfg.sliding_window)
-        # the cache rows each slot takes (max_batch, S), and where in the new rows they are
-        begin = start.reshape(rows, 1)
-        written = (columns.reshape(1, total) >= begin) & (columns < begin + length) & (begin >= 0)
-        # one row of L tokens (prefill): the new row each cache row takes
-        source = (columns - start).clip(0, length - 1) if length > 1 else None
-        by_slot = None  # the new row each slot takes, where rows are not the slots
-        if slot is not None and rows == 1:
-            written = (arange(slots, dtype=dt.int32, device=device) == slot).reshape(slots, 1) \
-                & written
-        elif slot is not None:
-            assert row_of_slot is not None
-            by_slot = row_of_slot.clip(min=0)
-            begin = start.index_select(0, by_slot).reshape(slots, 1)
-            written = (columns.reshape(1, total) == begin) & (begin >= 0) \
-                & (row_of_slot >= 0).reshape(slots, 1)
+        # the cache row each new token goes to: its slot's rows, at its position; a row
+        # sitting the step out and padding past the cache's end go past the cache (no write)
+        slot_of_row = slot if slot is not None else arange(rows, dtype=dt.int32, device=device)
+        fits = (start.reshape(rows, 1) >= 0) & (positions < total)
+        targets = where(fits, slot_of_row.reshape(rows, 1) * total + positions, slots * total)
+        targets = targets.reshape(rows * length)
 
         def group_rows(mask: Tensor) -> Tensor:
             # query rows are (group member, token): the mask repeats for each member
@@ -209,11 +196,11 @@ class Transformer:
             k = _linear(h, layer.k).reshape(rows, length, kv_heads, dim).permute(0, 2, 1, 3)
             v = _linear(h, layer.v).reshape(rows, length, kv_heads, dim).permute(0, 2, 1, 3)
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-            if by_slot is not None:
-                k, v = k.index_select(0, by_slot), v.index_select(0, by_slot)
-            self._write_cache(layer.k_cache, k, written, source)
-            self._write_cache(layer.v_cache, v, written, source)
-            k_cache, v_cache = layer.k_cache, layer.v_cache
+            for cache, new in ((layer.k_cache, k), (layer.v_cache, v)):
+                self._write_cache(cache, new.permute(0, 2, 1, 3).reshape(rows * length, -1),
+                                  targets)
+            k_cache, v_cache = (c.reshape(slots, total, kv_heads, dim).permute(0, 2, 1, 3)
+                                for c in (layer.k_cache, layer.v_cache))
             if slot is not None and slots > 1:  # the sequence's own slot
                 k_cache, v_cache = k_cache.index_select(0, slot), v_cache.index_select(0, slot)
             # query head kv * group + g reads key/value head kv (Hugging Face's repeat_kv)
