@@ -810,9 +810,10 @@ def write_rows(target: Lazy, dim: int, index: Lazy, value: Lazy) -> None:
         raise ValueError("write_rows needs a realized tensor that owns its memory, not a view")
     device = get_device(target.device)
     _detach_aliases(target, device)
-    if index.buffer is None:
-        index = index.contiguous()
-        realize(index)
+    if index.buffer is None and row_slice(index) is None:
+        if is_view_of_buffer(index):
+            index = index.contiguous()
+        realize(index)  # once: the next write with the same index reads this buffer
     if value.realized or row_slice(value) is not None:
         value = value.contiguous()  # a kernel that reads it, made to store rows below
     items = schedule([value])

@@ -1,9 +1,9 @@
 """The Llama-family decoder in anygpu ops, with a key/value cache of fixed size.
 
-The cache holds ``max_batch`` sequences, one slot each: per layer ``(max_batch *
-max_seq_len, kv_heads * head_dim)``, a row per slot and position, preallocated; a step writes
-only the rows of its new tokens (one kernel that stores those rows, ``schedule.write_rows``),
-and attention reads a slot's rows as ``(kv_heads, max_seq_len, head_dim)``.
+The cache holds ``max_batch`` sequences, one slot each: per layer ``(max_batch * kv_heads *
+max_seq_len, head_dim)``, a row per slot, key/value head and position, preallocated; a step
+writes only the rows of its new tokens (one kernel that stores those rows,
+``schedule.write_rows``), and attention reads a slot as ``(kv_heads, max_seq_len, head_dim)``.
 ``Transformer.forward(tokens, start, last, slot)`` runs either one sequence's ``L`` tokens at
 positions ``start .. start + L - 1`` into slot ``slot`` (prefill), or one token for each of
 several sequences at once (decode: ``tokens`` (rows, 1), ``start`` the position of each, -1 for
@@ -93,8 +93,9 @@ class Transformer:
         self.embed = weights["model.embed_tokens.weight"]
         self.norm = weights["model.norm.weight"]
         self.lm_head = self.embed if cfg.tie_word_embeddings else weights["lm_head.weight"]
-        # a cache row per (slot, position), holding every key/value head of that token
-        cache_shape = (max_batch * max_seq_len, cfg.num_kv_heads * cfg.head_dim)
+        # (slot, key/value head, position) rows of head_dim: attention reads a slot as
+        # (kv_heads, max_seq_len, head_dim), and a step writes its new tokens' rows
+        cache_shape = (max_batch * cfg.num_kv_heads * max_seq_len, cfg.head_dim)
         window = cfg.sliding_window
         self.layers = []
         for i in range(cfg.num_layers):
@@ -130,8 +131,8 @@ class Transformer:
         return x * cos + swapped * sin
 
     def _write_cache(self, cache: Tensor, new: Tensor, rows: Tensor) -> None:
-        """Cache rows ``rows`` (n,) become ``new`` (n, kv_heads * head_dim), in place: one
-        kernel that stores only those rows (an index past the cache stores nothing)."""
+        """Cache rows ``rows`` (n,) become ``new`` (n, head_dim), in place: one kernel that
+        stores only those rows (an index past the cache stores nothing)."""
         sched.write_rows(cache.lazy, 0, rows.lazy, new.cast(cache.dtype).lazy)
 
     def forward(self, tokens: Tensor, start: Tensor, last: Tensor,
@@ -176,12 +177,16 @@ class Transformer:
         windowed = causal
         if cfg.sliding_window is not None:
             windowed = causal & (columns.reshape(1, 1, total) > seen - cfg.sliding_window)
-        # the cache row each new token goes to: its slot's rows, at its position; a row
-        # sitting the step out and padding past the cache's end go past the cache (no write)
+        # the cache row of each new token's key/value head: its slot's rows of that head, at
+        # its position; a row sitting the step out and padding past the cache's end go past
+        # the cache (no write)
         slot_of_row = slot if slot is not None else arange(rows, dtype=dt.int32, device=device)
-        fits = (start.reshape(rows, 1) >= 0) & (positions < total)
-        targets = where(fits, slot_of_row.reshape(rows, 1) * total + positions, slots * total)
-        targets = targets.reshape(rows * length)
+        fits = ((start.reshape(rows, 1) >= 0) & (positions < total)).reshape(rows, 1, length)
+        head_rows = (slot_of_row.reshape(rows, 1) * kv_heads
+                     + arange(kv_heads, dtype=dt.int32, device=device).reshape(1, kv_heads))
+        targets = where(fits, head_rows.reshape(rows, kv_heads, 1) * total
+                        + positions.reshape(rows, 1, length), slots * kv_heads * total)
+        targets = targets.reshape(rows * kv_heads * length)
 
         def group_rows(mask: Tensor) -> Tensor:
             # query rows are (group member, token): the mask repeats for each member
@@ -193,13 +198,14 @@ class Transformer:
         for layer in self.layers:
             h = self._rms_norm(x, layer.attn_norm)
             q = _linear(h, layer.q).reshape(rows, length, heads, dim).permute(0, 2, 1, 3)
-            k = _linear(h, layer.k).reshape(rows, length, kv_heads, dim).permute(0, 2, 1, 3)
+            # stored before its rotation, which the cache write then computes in its kernel
+            k = _linear(h, layer.k).contiguous() \
+                .reshape(rows, length, kv_heads, dim).permute(0, 2, 1, 3)
             v = _linear(h, layer.v).reshape(rows, length, kv_heads, dim).permute(0, 2, 1, 3)
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             for cache, new in ((layer.k_cache, k), (layer.v_cache, v)):
-                self._write_cache(cache, new.permute(0, 2, 1, 3).reshape(rows * length, -1),
-                                  targets)
-            k_cache, v_cache = (c.reshape(slots, total, kv_heads, dim).permute(0, 2, 1, 3)
+                self._write_cache(cache, new.reshape(rows * kv_heads * length, dim), targets)
+            k_cache, v_cache = (c.reshape(slots, kv_heads, total, dim)
                                 for c in (layer.k_cache, layer.v_cache))
             if slot is not None and slots > 1:  # the sequence's own slot
                 k_cache, v_cache = k_cache.index_select(0, slot), v_cache.index_select(0, slot)
