@@ -27,7 +27,8 @@ DEFAULT_MAX_SEQ_LEN = 4096
 
 def load(path: str | os.PathLike, device: str | None = None, dtype: Any = None,
          max_seq_len: int | None = None, tokenizer: bool = True, quant: str | None = None,
-         group_size: int = 32, max_batch: int = 1) -> LanguageModel:
+         group_size: int = 32, max_batch: int = 1, page_size: int | None = None,
+         cache_tokens: int | None = None) -> LanguageModel:
     """A model folder (``config.json``, safetensors weights, ``tokenizer.json``,
     ``tokenizer_config.json``) or a GGUF file loaded on ``device`` for generation; nothing is
     downloaded.
@@ -36,10 +37,14 @@ def load(path: str | os.PathLike, device: str | None = None, dtype: Any = None,
     by default the weights' own where the device has it, else float32. ``max_seq_len`` sizes
     the key/value cache (prompt and generated tokens together; default the model's
     ``max_position_embeddings``, at most 4096) and ``max_batch`` its number of slots: the
-    sequences that can decode together (``generate_batch``, the server). Without a tokenizer
-    (or with ``tokenizer=False``) the model takes and gives token ids only. ``quant`` ("q8" or "q4")
-    quantizes the float weights of the projections at load, in groups of ``group_size`` (32 or
-    128) inputs; a GGUF file's quantized tensors stay in their own formats.
+    sequences that can decode together (``generate_batch``, the server). The cache is in
+    pages of ``page_size`` tokens (default ``max_seq_len``: a page per sequence) and holds
+    ``cache_tokens`` tokens in all (default: ``max_batch`` full sequences); with smaller pages
+    and fewer tokens than that, sequences take pages as they grow and share the memory.
+    Without a tokenizer (or with ``tokenizer=False``) the model takes and gives token ids
+    only. ``quant`` ("q8" or "q4") quantizes the float weights of the projections at load, in
+    groups of ``group_size`` (32 or 128) inputs; a GGUF file's quantized tensors stay in their
+    own formats.
     """
     from anygpu.llm import gguf_file
     from anygpu.llm.quant import check_quant
@@ -62,7 +67,10 @@ def load(path: str | os.PathLike, device: str | None = None, dtype: Any = None,
         if tokenizer and os.path.isfile(os.path.join(source, "tokenizer.json")):
             tok = Tokenizer.from_folder(source)
     length = max_seq_len or min(cfg.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
-    model = Transformer(cfg, weights, dev.name, compute, length, max_batch=max_batch)
+    page = length if page_size is None else page_size
+    pages = None if cache_tokens is None else -(-cache_tokens // page)
+    model = Transformer(cfg, weights, dev.name, compute, length, max_batch=max_batch,
+                        page_size=page, cache_pages=pages)
     return LanguageModel(model, tok, cfg, source)
 
 

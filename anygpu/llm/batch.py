@@ -9,6 +9,11 @@ for every running generation at once and chooses each one's next token; a genera
 ends (EOS, a stop string, its token limit, a full cache, or ``cancel``) leaves its slot at
 once, free for the next.
 
+The cache is paged (``LanguageModel``): a sequence takes pages as it grows, and a sequence
+that finds none free ends with "length"; one that has ended keeps its pages for a follow-up
+until others want them. ``run`` keeps a prompt waiting while the pages it needs are held by
+running sequences.
+
 >>> # batch = Batch(lm)
 >>> # done = batch.run([lm.generation([1, 5, 9], max_new_tokens=8) for _ in range(16)])
 >>> # [g.tokens for g in done]
@@ -20,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 
-from anygpu.llm.engine import TextStream, common_prefix
+from anygpu.llm.engine import CacheFull, TextStream, common_prefix
 from anygpu.llm.sampling import Sampler
 
 if TYPE_CHECKING:
@@ -112,7 +117,8 @@ class Batch:
     def add(self, generation: Generation) -> None:
         """Prefill ``generation``'s prompt into a free slot and choose its first token (it may
         end there). Raises ValueError for a prompt the model cannot take (too long, ids
-        outside the vocabulary), leaving the slot free."""
+        outside the vocabulary), and CacheFull where running sequences hold the pages it
+        needs, leaving the slot free."""
         if generation.done:
             return
         if generation.max_new_tokens <= 0:
@@ -133,6 +139,12 @@ class Batch:
         ended = [g for g in self.running.values() if g.cancelled]
         for g in ended:
             self._leave(g, CANCELLED)
+        if not self.running:
+            return ended
+        for slot, generation in list(self.running.items()):
+            if not self.lm.can_hold(slot, len(self.lm.cached(slot)) + 1):
+                self._leave(generation, LENGTH)  # no page left for its next token
+                ended.append(generation)
         if not self.running:
             return ended
         tokens = {slot: g.tokens[-1] for slot, g in self.running.items()}
@@ -159,7 +171,14 @@ class Batch:
         waiting.reverse()
         while waiting or self.running:
             while waiting and self.free_slots:
-                self.add(waiting.pop())
+                generation = waiting.pop()
+                try:
+                    self.add(generation)
+                except CacheFull:
+                    if not self.running:  # it would not fit even alone
+                        raise
+                    waiting.append(generation)  # it joins when running ones have left
+                    break
             if self.running:
                 self.step()
         return order
@@ -173,7 +192,9 @@ class Batch:
     def _leave(self, generation: Generation, reason: str) -> None:
         if generation.slot is not None:
             self.running.pop(generation.slot, None)
-            # the slot keeps the keys and values of the tokens that went in, for a follow-up
+            # the slot keeps the keys and values of the tokens that went in, for a follow-up,
+            # until other sequences want its pages
+            self.lm.release(generation.slot)
         if not generation.done:
             generation.finish_reason = reason
             generation._tell("")

@@ -143,7 +143,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         lm = llm.load(args.model, device=args.device, dtype=args.dtype,
                       max_seq_len=args.max_seq_len, max_batch=args.max_batch,
-                      quant=args.quant, group_size=args.group_size)
+                      quant=args.quant, group_size=args.group_size,
+                      page_size=args.page_size, cache_tokens=args.cache_tokens)
         name = args.model_name or os.path.basename(os.path.normpath(args.model))
         app = build_app(lm, name, max_queue=args.max_queue)
     except (ModelFolderError, ValueError) as err:
@@ -189,6 +190,12 @@ def add_parsers(sub: Any) -> None:
     _add_quant(p)
     p.add_argument("--max-batch", type=int, default=8,
                    help="sequences decoded together: the cache's slots (default 8)")
+    p.add_argument("--page-size", type=int, default=None,
+                   help="tokens per page of the key/value cache (default: --max-seq-len, "
+                   "a page per sequence)")
+    p.add_argument("--cache-tokens", type=int, default=None,
+                   help="tokens the key/value cache holds in all, in pages that sequences "
+                   "take as they grow (default: room for --max-batch full sequences)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for a slot; more are answered 429 (default 64)")
     p.add_argument("--model-name", default=None,

@@ -29,6 +29,11 @@ from anygpu.llm.tokenizer import Tokenizer
 from anygpu.tensor import Tensor
 
 
+class CacheFull(RuntimeError):
+    """The key/value cache has no free page for a sequence (its pages are held by running
+    sequences)."""
+
+
 @dataclass
 class Stats:
     """Timings of the last generation: prefill (the prompt's new tokens, up to its logits on
@@ -70,12 +75,76 @@ class LanguageModel:
         self._decode = jit(model.forward)
         # per slot: the tokens whose keys and values sit in its cache, in order
         self._cached: list[list[int]] = [[] for _ in range(self.max_batch)]
+        # the cache's pages: each slot's, in order, and the free ones (the lowest first)
+        self.page_size, self.cache_pages = model.page_size, model.cache_pages
+        self._table = np.full((self.max_batch, model.pages_per_seq), self.cache_pages, np.int32)
+        self._fixed = model.fixed_pages  # every slot owns its pages for good
+        if self._fixed:
+            self._table[:] = np.arange(self._table.size).reshape(self._table.shape)
+        self._pages: list[list[int]] = [list(row) if self._fixed else []
+                                        for row in self._table.tolist()]
+        self._free = [] if self._fixed else list(range(self.cache_pages - 1, -1, -1))
+        self._table_changed = False
+        # slots whose sequences ended (``release``): their tokens stay for a prompt that
+        # continues them, until their pages are wanted; the longest released first
+        self._released: dict[int, None] = {}
 
     def reset(self, slot: int | None = None) -> None:
         """Forget the tokens in the cache, of one slot or of all (the next prompt runs from
-        its start)."""
+        its start), and free their pages."""
         for s in range(self.max_batch) if slot is None else [self._slot(slot)]:
             self._cached[s] = []
+            self._drop_pages(s)
+
+    def release(self, slot: int) -> None:
+        """``slot``'s sequence has ended: its tokens stay in the cache for a prompt that
+        continues them (``prefill``), but its pages go to other slots that need them."""
+        self._released[self._slot(slot)] = None
+
+    def free_pages(self, slot: int | None = None) -> int:
+        """The pages a sequence in ``slot`` could still take: the free ones and those of
+        released slots (other than ``slot``)."""
+        return len(self._free) + sum(len(self._pages[s]) for s in self._released if s != slot)
+
+    def can_hold(self, slot: int, tokens: int) -> bool:
+        """Whether ``slot`` can hold ``tokens`` tokens: within ``max_seq_len``, with pages for
+        them (its own, free ones, or released slots')."""
+        need = -(-tokens // self.page_size) - len(self._pages[self._slot(slot)])
+        return tokens <= self.max_seq_len and need <= self.free_pages(slot)
+
+    def _drop_pages(self, slot: int) -> None:
+        self._released.pop(slot, None)
+        if self._pages[slot] and not self._fixed:
+            self._free += reversed(self._pages[slot])
+            self._pages[slot] = []
+            self._table[slot] = self.cache_pages
+            self._table_changed = True
+
+    def _hold(self, slot: int, tokens: int) -> None:
+        """Give ``slot`` the pages for ``tokens`` tokens, taking those of released slots (the
+        longest released first, which forget their tokens) when too few are free."""
+        need = -(-tokens // self.page_size) - len(self._pages[slot])
+        if need > self.free_pages(slot):
+            raise CacheFull(f"the key/value cache has no room for {tokens} tokens in slot "
+                            f"{slot}: {self.cache_pages} pages of {self.page_size} tokens, "
+                            f"{self.cache_pages - self.free_pages(slot)} held by running "
+                            "sequences (raise cache_pages)")
+        self._released.pop(slot, None)
+        while need > len(self._free):
+            victim = next(iter(self._released))
+            self._cached[victim] = []
+            self._drop_pages(victim)
+        for _ in range(max(need, 0)):
+            page = self._free.pop()
+            self._table[slot, len(self._pages[slot])] = page
+            self._pages[slot].append(page)
+            self._table_changed = True
+
+    def _sync_table(self) -> None:
+        if self._table_changed:
+            self.model.page_table.assign(Tensor(self._table, device=self.device,
+                                                dtype=dt.int32))
+            self._table_changed = False
 
     def cached(self, slot: int = 0) -> list[int]:
         """The tokens whose keys and values sit in ``slot``, in order."""
@@ -109,7 +178,9 @@ class LanguageModel:
         start = time.perf_counter()
         new = ids[same:]
         padded = new + [0] * (_bucket(len(new)) - len(new))
-        self._cached[slot] = []  # what the slot held past the prefix is overwritten now
+        self._cached[slot] = self._cached[slot][:same]  # the rest is overwritten now
+        self._hold(slot, len(ids))
+        self._sync_table()
         logits = self.model.forward(self._tensor(padded), self._tensor([same]),
                                     self._tensor([len(new) - 1]), self._tensor([slot])).numpy()
         self.stats.prefill_seconds += time.perf_counter() - start
@@ -138,6 +209,9 @@ class LanguageModel:
                                  f"{self.max_seq_len})")
             if not 0 <= int(token) < vocab:
                 raise ValueError(f"token id {token} is outside the vocabulary (0..{vocab - 1})")
+        for slot in tokens:
+            self._hold(slot, len(self._cached[slot]) + 1)
+        self._sync_table()
         order = sorted(tokens)
         logits = self._step(order, [int(tokens[s]) for s in order],
                             [len(self._cached[s]) for s in order])
@@ -194,7 +268,7 @@ class LanguageModel:
                 return
             seen.append(token)
             yield token
-            if n + 1 == max_new_tokens or len(self._cached[0]) >= self.max_seq_len:
+            if n + 1 == max_new_tokens or not self.can_hold(0, len(self._cached[0]) + 1):
                 return
             start = time.perf_counter()
             logits = self.decode(token)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from anygpu import dtype as dt
 from anygpu.graph import schedule as sched
 from anygpu.llm.config import ModelConfig
@@ -80,22 +82,38 @@ class Transformer:
     """
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, Tensor], device: str,
-                 dtype: dt.DType, max_seq_len: int, max_batch: int = 1) -> None:
+                 dtype: dt.DType, max_seq_len: int, max_batch: int = 1,
+                 page_size: int | None = None, cache_pages: int | None = None) -> None:
         if max_seq_len < 1:
             raise ValueError(f"max_seq_len must be at least 1, got {max_seq_len}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        page_size = max_seq_len if page_size is None else page_size
+        if page_size < 1:
+            raise ValueError(f"page_size must be at least 1, got {page_size}")
         self.cfg, self.device, self.dtype, self.max_seq_len = cfg, device, dtype, max_seq_len
-        self.max_batch = max_batch
+        self.max_batch, self.page_size = max_batch, page_size
+        self.pages_per_seq = -(-max_seq_len // page_size)
+        self.cache_pages = max_batch * self.pages_per_seq if cache_pages is None else cache_pages
+        if self.cache_pages < 1:
+            raise ValueError(f"cache_pages must be at least 1, got {self.cache_pages}")
+        # each slot's pages, in order; an entry past the pages a slot holds names no page
+        # (cache_pages), so nothing is written there. A cache with room for every slot's
+        # max_seq_len tokens gives slot s pages s * pages_per_seq onwards, for good.
+        table = np.full((max_batch, self.pages_per_seq), self.cache_pages, np.int32)
+        if self.fixed_pages:
+            table[:] = np.arange(table.size, dtype=np.int32).reshape(table.shape)
+        self.page_table = Tensor(table, device=device, dtype=dt.int32).realize()
         cos, sin = cfg.rope_tables(max_seq_len)
         self.cos = Tensor(cos, device=device, dtype=dtype).realize()
         self.sin = Tensor(sin, device=device, dtype=dtype).realize()
         self.embed = weights["model.embed_tokens.weight"]
         self.norm = weights["model.norm.weight"]
         self.lm_head = self.embed if cfg.tie_word_embeddings else weights["lm_head.weight"]
-        # (slot, key/value head, position) rows of head_dim: attention reads a slot as
-        # (kv_heads, max_seq_len, head_dim), and a step writes its new tokens' rows
-        cache_shape = (max_batch * cfg.num_kv_heads * max_seq_len, cfg.head_dim)
+        # (page, key/value head, position in the page) rows of head_dim: attention reads a
+        # slot's pages as (kv_heads, pages * page_size, head_dim), and a step writes its new
+        # tokens' rows
+        cache_shape = (self.cache_pages * cfg.num_kv_heads * page_size, cfg.head_dim)
         window = cfg.sliding_window
         self.layers = []
         for i in range(cfg.num_layers):
@@ -115,6 +133,12 @@ class Transformer:
                 and window < max_seq_len,
                 k_cache=zeros(cache_shape, dtype=dtype, device=device).realize(),
                 v_cache=zeros(cache_shape, dtype=dtype, device=device).realize()))
+
+    @property
+    def fixed_pages(self) -> bool:
+        """Whether every slot owns the pages of max_seq_len tokens (the cache has room for
+        all), so that no page changes hands."""
+        return self.cache_pages >= self.max_batch * self.pages_per_seq
 
     def _rms_norm(self, x: Tensor, weight: Tensor) -> Tensor:
         # float32 statistics whatever the compute dtype, the weight applied after rounding back
@@ -154,7 +178,8 @@ class Transformer:
         if len(tokens.shape) == 1:
             tokens = tokens.reshape(1, tokens.shape[0])
         rows, length = tokens.shape
-        slots, total = self.max_batch, self.max_seq_len
+        slots, total, page = self.max_batch, self.max_seq_len, self.page_size
+        span = self.pages_per_seq * page  # the positions a slot's pages hold
         if slot is None and rows != slots:
             raise ValueError(f"without a slot, forward runs every slot of the cache: {slots} "
                              f"rows, got {rows}")
@@ -171,27 +196,34 @@ class Transformer:
         clipped = positions.clip(0, total - 1)
         cos = self.cos.index_select(0, clipped.reshape(-1)).reshape(rows, 1, length, dim)
         sin = self.sin.index_select(0, clipped.reshape(-1)).reshape(rows, 1, length, dim)
-        columns = arange(total, dtype=dt.int32, device=device)  # cache rows
+        columns = arange(span, dtype=dt.int32, device=device)  # positions of a slot's pages
         seen = positions.clip(min=0).reshape(rows, length, 1)
-        causal = columns.reshape(1, 1, total) <= seen  # (rows, L, S)
+        causal = columns.reshape(1, 1, span) <= seen  # (rows, L, span)
         windowed = causal
         if cfg.sliding_window is not None:
-            windowed = causal & (columns.reshape(1, 1, total) > seen - cfg.sliding_window)
-        # the cache row of each new token's key/value head: its slot's rows of that head, at
-        # its position; a row sitting the step out and padding past the cache's end go past
-        # the cache (no write)
+            windowed = causal & (columns.reshape(1, 1, span) > seen - cfg.sliding_window)
+        # each row's pages, and the cache row of each new token's key/value head: in the
+        # page holding its position, that head's rows, at its place in the page. A row sitting
+        # the step out, padding past the cache's end and a position whose page the slot does
+        # not hold go past the cache (no write)
         slot_of_row = slot if slot is not None else arange(rows, dtype=dt.int32, device=device)
-        fits = ((start.reshape(rows, 1) >= 0) & (positions < total)).reshape(rows, 1, length)
-        head_rows = (slot_of_row.reshape(rows, 1) * kv_heads
-                     + arange(kv_heads, dtype=dt.int32, device=device).reshape(1, kv_heads))
-        targets = where(fits, head_rows.reshape(rows, kv_heads, 1) * total
-                        + positions.reshape(rows, 1, length), slots * kv_heads * total)
+        pages = self.page_table.index_select(0, slot_of_row)  # (rows, pages_per_seq)
+        held = pages.gather(1, clipped // page)  # (rows, L)
+        fits = ((start.reshape(rows, 1) >= 0) & (positions < total)
+                & (held < self.cache_pages)).reshape(rows, 1, length)
+        heads_at = arange(kv_heads, dtype=dt.int32, device=device).reshape(1, kv_heads, 1)
+        targets = where(fits, (held.reshape(rows, 1, length) * kv_heads + heads_at) * page
+                        + (clipped % page).reshape(rows, 1, length),
+                        self.cache_pages * kv_heads * page)
         targets = targets.reshape(rows * kv_heads * length)
+        # the pages a row reads (a page it does not hold reads some page: masked out, as its
+        # positions lie past the row's tokens)
+        read = pages.clip(max=self.cache_pages - 1).reshape(-1)
 
         def group_rows(mask: Tensor) -> Tensor:
             # query rows are (group member, token): the mask repeats for each member
-            return mask.reshape(rows, 1, 1, length, total) \
-                .expand(rows, 1, group, length, total).reshape(rows, 1, group * length, total)
+            return mask.reshape(rows, 1, 1, length, span) \
+                .expand(rows, 1, group, length, span).reshape(rows, 1, group * length, span)
 
         masks = (group_rows(causal), group_rows(windowed))
         x = self.embed.index_select(0, tokens.reshape(-1))  # (rows * L, hidden)
@@ -205,10 +237,11 @@ class Transformer:
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             for cache, new in ((layer.k_cache, k), (layer.v_cache, v)):
                 self._write_cache(cache, new.reshape(rows * kv_heads * length, dim), targets)
-            k_cache, v_cache = (c.reshape(slots, kv_heads, total, dim)
-                                for c in (layer.k_cache, layer.v_cache))
-            if slot is not None and slots > 1:  # the sequence's own slot
-                k_cache, v_cache = k_cache.index_select(0, slot), v_cache.index_select(0, slot)
+            k_cache, v_cache = (
+                c.reshape(self.cache_pages, kv_heads, page, dim).index_select(0, read)
+                .reshape(rows, self.pages_per_seq, kv_heads, page, dim)
+                .permute(0, 2, 1, 3, 4).reshape(rows, kv_heads, span, dim)
+                for c in (layer.k_cache, layer.v_cache))
             # query head kv * group + g reads key/value head kv (Hugging Face's repeat_kv)
             grouped = q.reshape(rows, kv_heads, group * length, dim)
             out = F.scaled_dot_product_attention(grouped, k_cache, v_cache,

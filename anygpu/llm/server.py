@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from anygpu.llm.batch import CANCELLED, Batch, Generation
-from anygpu.llm.engine import LanguageModel
+from anygpu.llm.engine import CacheFull, LanguageModel
 
 ERROR = "error"  # the finish reason of a generation the scheduler could not run
 
@@ -123,13 +123,20 @@ class Scheduler:
                 while self.waiting and len(joining) < self.batch.free_slots:
                     joining.append(self.waiting.popleft())
                 self.running_count = len(self.batch.running) + len(joining)
-            for generation in joining:
+            for i, generation in enumerate(joining):
                 if generation.cancelled:
                     self.cancelled += 1
                     generation.finish(CANCELLED)
                     continue
                 try:
                     self.batch.add(generation)
+                except CacheFull as err:
+                    if not self.batch.running:  # it does not fit even alone
+                        self._fail([generation], err)
+                        continue
+                    with self.wake:  # they wait, in order, for running ones to free pages
+                        self.waiting.extendleft(reversed(joining[i:]))
+                    break
                 except Exception as err:  # a prompt the model refuses ends that request only
                     self._fail([generation], err)
             if self.batch.running:

@@ -94,17 +94,18 @@ MAX_BATCH = 4  # the slots of the models ``loaded`` gives: every test decodes th
 
 @pytest.fixture(scope="session")
 def loaded(tiny: Callable[[str], tuple[str, Any]]) -> Callable[..., Any]:
-    """``loaded(variant, device) -> LanguageModel`` with ``MAX_BATCH`` slots, loaded once per
-    session and device (the cache is shared, so each test starts with ``reset()``)."""
+    """``loaded(variant, device, **load_options) -> LanguageModel`` with ``MAX_BATCH`` slots,
+    loaded once per session, device and options (the cache is shared, so each test starts
+    with ``reset()``)."""
     from anygpu import llm
 
     made: dict[tuple[str, str], Any] = {}
 
-    def get(variant: str, device: str) -> Any:
-        key = (variant, device)
+    def get(variant: str, device: str, **options: Any) -> Any:
+        key = (variant, device, tuple(sorted(options.items())))
         if key not in made:
             made[key] = llm.load(tiny(variant)[0], device=device, max_seq_len=64,
-                                 max_batch=MAX_BATCH)
+                                 max_batch=MAX_BATCH, **options)
         lm = made[key]
         lm.reset()
         lm.eos_token_ids = (2,)
