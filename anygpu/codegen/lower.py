@@ -547,18 +547,20 @@ def _nested(dims: list[tuple[str, int, bool]], dt: DType, body: list[ir.Stmt]) -
 
 
 def _cpu_columns(ast: KernelAST, work: int) -> list[ir.Stmt] | None:
-    """A sum along a slow axis (a column sum, a bias gradient): W neighbouring outputs at once,
-    each with its own accumulator, so the innermost statements read W neighbouring elements
-    (the compiler makes them one vector operation) instead of striding through memory for
-    each output. None where the kernel is not such a reduction."""
+    """A sum along a slow axis (a column sum, a bias gradient), or along a short contiguous
+    one (a convolution's window row of 3): W neighbouring outputs at once, each with its own
+    accumulator, so the innermost statements read W neighbouring elements (the compiler makes
+    them one vector operation) instead of striding through memory, or running a loop too
+    short to vectorize, for each output. None where the kernel is not such a reduction."""
     if len(ast.stages) != 1 or not ast.reduced_output or not ast.outer or not ast.reduce:
         return None
     stage = ast.stages[0]
     name, size, _ = ast.outer[-1]
-    if gemm.stride(stage.value, name) != 1 or gemm.stride(stage.value, ast.reduce[-1][0]) in (
-            1, None):
+    inner, inner_size, _ = ast.reduce[-1]
+    if gemm.stride(stage.value, name) != 1 or gemm.stride(stage.value, inner) is None or (
+            gemm.stride(stage.value, inner) == 1 and inner_size >= 8):
         return None
-    width = next((w for w in (16, 8, 4) if size % w == 0 and size > w), 0)
+    width = next((w for w in (16, 8, 4) if size % w == 0 and size >= w), 0)
     if not width:
         return None
     dt = ast.index_dtype
@@ -583,21 +585,20 @@ def _cpu_columns(ast: KernelAST, work: int) -> list[ir.Stmt] | None:
     return [loop]
 
 
-def _cpu_rows(ast: KernelAST, work: int) -> list[ir.Stmt] | None:
-    """A sum or max along the contiguous axis (a row sum): 8 accumulators over interleaved
-    elements, so that the innermost statements read 8 neighbours (one vector operation; a
-    single accumulator is a chain the compiler may not reorder), combined at the end. None
-    where the kernel is not such a reduction."""
-    if len(ast.stages) != 1 or not ast.reduced_output or not ast.reduce:
+def _interleaved(ast: KernelAST, k: int) -> list[ir.Stmt] | None:
+    """Stage ``k``'s reduction with 8 accumulators over interleaved elements of the contiguous
+    innermost reduce axis, so that the innermost statements read 8 neighbours (one vector
+    operation; a single accumulator is a chain the compiler may not reorder), combined into
+    ``acc{k}`` at the end. None where that axis is not contiguous or 8 does not divide it."""
+    if not ast.reduce:
         return None
-    stage = ast.stages[0]
+    stage = ast.stages[k]
     name, size, _ = ast.reduce[-1]
     width = 8
-    if size % width or size < 4 * width or gemm.stride(stage.value, name) != 1 or \
-            not stage.dtype.is_float:
+    if size % width or gemm.stride(stage.value, name) != 1 or not stage.dtype.is_float:
         return None
     dt = ast.index_dtype
-    accs = [f"acc0_{j}" for j in range(width)]
+    accs = [f"acc{k}_{j}" for j in range(width)]
     alu = REDUCE_ALU[stage.op]
     lanes = [ir.alu("add", ir.var(name, dt), ir.const(j, dt)) for j in range(width)]
     step: list[ir.Stmt] = [
@@ -611,7 +612,18 @@ def _cpu_rows(ast: KernelAST, work: int) -> list[ir.Stmt] | None:
     total = ir.var(accs[0], stage.dtype)
     for a in accs[1:]:
         total = ir.alu(alu, total, ir.var(a, stage.dtype))
-    body.append(ir.Decl("acc0", stage.dtype, total))
+    body.append(ir.Decl(f"acc{k}", stage.dtype, total))
+    return body
+
+
+def _cpu_rows(ast: KernelAST, work: int) -> list[ir.Stmt] | None:
+    """A sum or max along the contiguous axis (a row sum) by ``_interleaved``. None where the
+    kernel is not such a reduction."""
+    if len(ast.stages) != 1 or not ast.reduced_output or not ast.reduce:
+        return None
+    body = _interleaved(ast, 0)
+    if body is None:
+        return None
     body.append(ir.Store("b0", ast.out_index, ast.out_value))
     if not ast.outer:
         return body
@@ -634,6 +646,10 @@ def _cpu_body(ast: KernelAST, store: ir.Stmt, outer_total: int,
     inner: list[ir.Stmt] = []
     for k, stage in enumerate(ast.stages):
         acc = f"acc{k}"
+        split = _interleaved(ast, k) if threads and outer_total > 1 else None
+        if split is not None:  # one of several stages (a normalization's sums, say)
+            inner += split
+            continue
         inner.append(ir.Decl(acc, stage.dtype, reduce_identity(stage.op, stage.dtype)))
         loops = _nested(ast.reduce, dt, [_accumulate(stage, acc)])
         if outer_total == 1 and len(ast.stages) == 1 and work >= 1 << 15:

@@ -241,6 +241,15 @@ def _unfold_windows(spec: lower.KernelSpec) -> None:
 # this cost (ops, transcendental ones four each) the operand is stored first. Erf's GELU
 # (about 40) before a transformer's second linear layer ran 60x slower fused.
 _FUSED_OPERAND_COST = 12
+# The processor's compiled products have no tiles: an operand fused in is computed again for
+# every output that reads it (a convolution's input, once per output channel), so less work
+# already costs more than storing it (the demo's batch norm and ReLU before its second
+# convolution, computed 16 times per element, took half the training step).
+_FUSED_OPERAND_COST_CPU = 3
+
+
+def _dialect(device: str) -> str:
+    return get_device(device).dialect
 _COSTLY = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.DIV, Op.IDIV, Op.MOD})
 
 
@@ -267,14 +276,26 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
     node, root = spec.reduction, spec.root
     if node is None or node.op is not Op.SUM or node.srcs[0].op is not Op.MUL:
         return
+    # the processor's products small enough to stay compiled (larger ones go to BLAS, whose
+    # operands are laid out by kernels of their own anyway: _unfold_windows, lower.to_ir)
+    product = node.srcs[0]
+    cpu = _dialect(root.device) == "c" and product.numel < (
+        _UNFOLD_MIN if len(product.shape) >= 5 else 1 << 21)
     for side in node.srcs[0].srcs:
         if side.op is not Op.EXPAND or side.realized:
             continue
         below = side.srcs[0]
         while below.op in MOVEMENT and not below.realized:
+            if cpu and below.op is Op.PAD and any(a or b for a, b in below.arg) and \
+                    not is_boundary(below, root):
+                # the processor's loops read a padded operand stored once without a bounds
+                # check per element, which kept them from becoming vector operations
+                below.keep = True
+                break
             below = below.srcs[0]
+        limit = _FUSED_OPERAND_COST if not cpu else _FUSED_OPERAND_COST_CPU
         if below.op in ELEMENTWISE and not is_boundary(below, root) and \
-                _operand_cost(below, root, _FUSED_OPERAND_COST) >= _FUSED_OPERAND_COST:
+                _operand_cost(below, root, limit) >= limit:
             below.keep = True
 
 

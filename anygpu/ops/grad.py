@@ -186,6 +186,28 @@ def _place(t: "Tensor", axis: int, stride: int, offset: int, size: int) -> "Tens
     return t.pad([w for pair in reversed(widths) for w in pair])
 
 
+def _tiled_pool_grad(x: "Tensor", first: "Tensor", g: "Tensor", k: Any) -> "Tensor":
+    """max_pool2d's gradient where the windows tile the input (stride = kernel, no padding or
+    dilation): each input element lies in one window, so it takes that window's gradient where
+    it is the window's first maximum. The window's gradient and maximum are repeated over it
+    by a broadcast (an index divided by the kernel size), not placed offset by offset."""
+    from anygpu.tensor import arange
+
+    n, c, oh, ow = g.shape
+    kh, kw = k
+    tiles = (n, c, oh, kh, ow, kw)
+
+    def spread(t: "Tensor") -> "Tensor":
+        return t.reshape(n, c, oh, 1, ow, 1).expand(tiles)
+
+    offset = (arange(kh, device=g.device, dtype=first.dtype).reshape(kh, 1, 1) * kw
+              + arange(kw, device=g.device, dtype=first.dtype).reshape(1, 1, kw))
+    picked = spread(first).eq(offset)._select(spread(g), g._const_like(0, shape=()))
+    out = picked.reshape(n, c, oh * kh, ow * kw)
+    h, w = x.shape[2:]
+    return out.pad([0, w - ow * kw, 0, h - oh * kh])  # rows past the last window: none
+
+
 def _max_pool2d_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
     """max_pool2d: each output's gradient goes to its window's first maximum (or NaN), as in
     PyTorch. For each of the window's offsets, the outputs whose maximum sits there give their
@@ -197,6 +219,9 @@ def _max_pool2d_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tens
     k, s, p, d, ceil_mode = arg
     win, _ = _pool_windows(x, k, s, p, d, ceil_mode, float("-inf"))
     first = win.argmax(-1)  # the window offset, row-major over (KH, KW); NaN counts as largest
+    if tuple(s) == tuple(k) and tuple(d) == (1, 1) and tuple(p) == (0, 0) and \
+            g.shape[2] * k[0] <= x.shape[2] and g.shape[3] * k[1] <= x.shape[3]:
+        return (_tiled_pool_grad(x, first, g, k),)
     total: "Tensor | None" = None
     h, w = x.shape[2:]
     for i in range(k[0]):

@@ -58,7 +58,9 @@ def test_fuse_conv_bn_eval_matches_torch(device: str) -> None:
     fused = ag.nn.utils.fuse_conv_bn_eval(conv, bn)
     tfused = torch.nn.utils.fuse_conv_bn_eval(tconv, tbn)
     out = fused(ag.tensor(x, device=device)).relu()
-    assert count_kernels([out.lazy]) == 1  # convolution, bias and activation: one kernel
+    # convolution, bias and activation: one kernel (the processor stores the padded input
+    # first, which its compiled convolution then reads without bounds checks)
+    assert count_kernels([out.lazy]) == (2 if device.startswith("cpu") else 1)
     want = tfused(torch.from_numpy(x)).relu().detach().numpy()
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(fused.weight.numpy(), tfused.weight.detach().numpy(),
