@@ -18,6 +18,7 @@ import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from anygpu.codegen import ir, sym
 from anygpu.codegen.render.cstyle import subgroup_reduces
@@ -469,7 +470,7 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
             plan = gemm.host_plan(ast, contraction)
             if plan is not None:
                 return _host_contraction(ast, plan, params, "gemm_" + sizes, contraction.flops)
-        body = _cpu_body(ast, stored, outer_total)
+        body = hoist_invariants(_cpu_body(ast, stored, outer_total))
         return ir.Kernel(name, params, body, 1, 1, {"bytes": kernel_bytes(ast)})
     contraction = gemm.match(ast)
     features = features or {}
@@ -527,7 +528,8 @@ def _host_contraction(ast: KernelAST, plan: gemm.HostPlan, params: list[ir.Param
     store = ir.Store("b0", ast.out_index, value)
     # one thread: OpenMP's threads waiting after the epilogue fought the BLAS threads of the next
     # product (a 256^3 product took 7.6 ms instead of 0.3)
-    body = _cpu_body(epilogue, store, math.prod(d[1] for d in outer), threads=False)
+    body = hoist_invariants(_cpu_body(epilogue, store, math.prod(d[1] for d in outer),
+                                      threads=False))
     return ir.Kernel(name, params + [ir.Param(scratch, float32, False)], body, 1, 1,
                      {"bytes": kernel_bytes(ast), "flops": flops, "host_contraction": plan})
 
@@ -670,6 +672,148 @@ def _cpu_body(ast: KernelAST, store: ir.Stmt, outer_total: int,
     outer = ir.For(first[0], ir.const(0, dt), ir.const(first[1], dt), one, body,
                    parallel=threads and work >= 1 << 15)
     return [outer]
+
+
+# Work a loop computes the same way in every iteration is computed once before it where it
+# costs something: a load, or a transcendental or a division (batch norm's per-channel
+# 1 / sqrt(var + eps), fused into every element of a convolution's input, ran in the innermost
+# loop; the C compiler does not move it out of loops on its own when a select guards its use).
+_HOISTED = frozenset({"sqrt", "recip", "div", "exp2", "log2", "sin", "load"})
+
+
+def hoist_invariants(body: list[ir.Stmt]) -> list[ir.Stmt]:
+    """``body`` (the processor's loops) with each loop's invariant costly subexpressions
+    declared before the loop. A load moves only from where it runs unconditionally (not from
+    a select's branch or an ``If``), so no load runs that did not run before; loops of no
+    iterations keep everything inside."""
+    counter = [0]
+    return _hoist(body, counter)
+
+
+def _assigned(stmts: list[ir.Stmt], names: set[str]) -> set[str]:
+    for st in stmts:
+        if isinstance(st, (ir.Decl, ir.Assign)):
+            names.add(st.name)
+        elif isinstance(st, ir.For):
+            names.add(st.name)
+            _assigned(st.body, names)
+        elif isinstance(st, ir.If):
+            _assigned(st.body, names)
+    return names
+
+
+def _free_vars(e: ir.Expr, memo: dict[int, frozenset[str]]) -> frozenset[str]:
+    hit = memo.get(id(e))
+    if hit is None:
+        if e.op == "var":
+            hit = frozenset((e.arg,))
+        elif e.op == "special":
+            hit = frozenset(("<special>",))  # a thread's index: never hoisted
+        else:
+            hit = frozenset().union(*(_free_vars(s, memo) for s in e.srcs))
+        memo[id(e)] = hit
+    return hit
+
+
+def _hoist(stmts: list[ir.Stmt], counter: list[int]) -> list[ir.Stmt]:
+    out: list[ir.Stmt] = []
+    for st in stmts:
+        if isinstance(st, ir.If):
+            st.body = _hoist(st.body, counter)
+        if isinstance(st, ir.For):
+            st.body = _hoist(st.body, counter)
+            if st.stop.op == "const" and st.start.op == "const" and st.stop.arg > st.start.arg:
+                out += _Hoister(st, counter).decls.values()
+        out.append(st)
+    return out
+
+
+class _Hoister:
+    """The invariant costly subexpressions of loop ``loop``'s body, replaced there by
+    variables and declared (``decls``) for before the loop."""
+
+    def __init__(self, loop: ir.For, counter: list[int]) -> None:
+        self.variant = _assigned(loop.body, {loop.name})
+        self.counter = counter
+        self.free: dict[int, frozenset[str]] = {}
+        self.costly: dict[int, bool] = {}
+        self.loads: dict[int, bool] = {}
+        self.memo: dict[tuple[int, bool], ir.Expr] = {}
+        self.decls: dict[int, ir.Decl] = {}
+        # loads of what the loop writes (an in-place kernel reads its output) stay in it
+        self.written = {st.buf for st in _walk_stmts(loop.body) if isinstance(st, ir.Store)}
+        self.reads_written: dict[int, bool] = {}
+        loop.body = _rewrite_stmts(loop.body, self.rewrite, False)
+
+    def reads_output(self, e: ir.Expr) -> bool:
+        hit = self.reads_written.get(id(e))
+        if hit is None:
+            hit = self.reads_written[id(e)] = e.op == "load" and e.arg in self.written or any(
+                self.reads_output(s) for s in e.srcs)
+        return hit
+
+    def is_costly(self, e: ir.Expr) -> bool:
+        hit = self.costly.get(id(e))
+        if hit is None:
+            hit = self.costly[id(e)] = e.op in _HOISTED or any(self.is_costly(s) for s in e.srcs)
+        return hit
+
+    def has_load(self, e: ir.Expr) -> bool:
+        hit = self.loads.get(id(e))
+        if hit is None:
+            hit = self.loads[id(e)] = e.op == "load" or any(self.has_load(s) for s in e.srcs)
+        return hit
+
+    def rewrite(self, e: ir.Expr, lazy: bool) -> ir.Expr:
+        """``e`` with its hoisted parts replaced; ``lazy``: inside a select's branch or an
+        ``If``, where loads stay."""
+        key = (id(e), lazy)
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit
+        if e.op in ("var", "const", "special", "subgroup_reduce"):
+            out = e
+        elif not _free_vars(e, self.free) & self.variant and self.is_costly(e) and \
+                not (lazy and self.has_load(e)) and not self.reads_output(e):
+            decl = self.decls.get(id(e))
+            if decl is None:
+                self.counter[0] += 1
+                decl = self.decls[id(e)] = ir.Decl(f"h{self.counter[0]}", e.dtype, e)
+            out = ir.var(decl.name, e.dtype)
+        else:
+            branches = e.op == "where"
+            srcs = tuple(self.rewrite(s, lazy or (branches and i > 0))
+                         for i, s in enumerate(e.srcs))
+            out = e if all(a is b for a, b in zip(srcs, e.srcs)) else \
+                ir.Expr(e.op, e.dtype, srcs, e.arg)
+        self.memo[key] = out
+        return out
+
+
+def _walk_stmts(stmts: list[ir.Stmt]) -> list[ir.Stmt]:
+    out: list[ir.Stmt] = []
+    for st in stmts:
+        out.append(st)
+        if isinstance(st, (ir.For, ir.If)):
+            out += _walk_stmts(st.body)
+    return out
+
+
+def _rewrite_stmts(stmts: list[ir.Stmt], rewrite: Callable[[ir.Expr, bool], ir.Expr],
+                   lazy: bool) -> list[ir.Stmt]:
+    for st in stmts:
+        if isinstance(st, ir.Decl):
+            st.init = rewrite(st.init, lazy)
+        elif isinstance(st, ir.Assign):
+            st.value = rewrite(st.value, lazy)
+        elif isinstance(st, ir.Store):
+            st.index, st.value = rewrite(st.index, lazy), rewrite(st.value, lazy)
+        elif isinstance(st, ir.For):
+            st.body = _rewrite_stmts(st.body, rewrite, lazy)
+        elif isinstance(st, ir.If):
+            st.cond = rewrite(st.cond, lazy)
+            st.body = _rewrite_stmts(st.body, rewrite, True)
+    return stmts
 
 
 def _pow2_at_most(n: int) -> int:
