@@ -838,6 +838,10 @@ def write_rows(target: Lazy, dim: int, index: Lazy, value: Lazy) -> None:
     if value.realized or row_slice(value) is not None:
         value = value.contiguous()  # a kernel that reads it, made to store rows below
     items = schedule([value])
+    if not isinstance(items[-1], KernelItem):  # a copy from another device: it lands first
+        run(items)
+        value = value.contiguous()
+        items = schedule([value])
     last = items[-1]
     assert isinstance(last, KernelItem) and last.output is value
     ast = last.ast

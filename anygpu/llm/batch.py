@@ -4,10 +4,10 @@ A ``Generation`` is one sequence: its prompt, how to choose its tokens (a ``Samp
 to stop, and the tokens and text so far. A ``Batch`` runs generations on a ``LanguageModel``
 with one slot of the cache each: ``add`` prefills a generation's prompt into a free slot
 (the one whose cached tokens share the longest start with the prompt, so a conversation's
-follow-up only runs its new tokens) and chooses its first token; ``step`` runs one decode step
-for every running generation at once and chooses each one's next token; a generation that
-ends (EOS, a stop string, its token limit, a full cache, or ``cancel``) leaves its slot at
-once, free for the next.
+follow-up only runs its new tokens) and chooses its first token (``add_many`` prefills several
+prompts in one pass); ``step`` runs one decode step for every running generation at once and
+chooses each one's next token; a generation that ends (EOS, a stop string, its token limit, a
+full cache, or ``cancel``) leaves its slot at once, free for the next.
 
 The cache is paged (``LanguageModel``): a sequence takes pages as it grows, and a sequence
 that finds none free ends with "length"; one that has ended keeps its pages for a follow-up
@@ -133,6 +133,51 @@ class Batch:
         self.running[slot] = generation
         self._accept(generation, logits)
 
+    def add_many(self, generations: Sequence[Generation]) -> list[Generation]:
+        """``add`` for several generations, their prompts prefilled together in one pass.
+        Returns those that must wait, in order: past the free slots, or needing pages that
+        running sequences hold. Raises ValueError for a prompt the model cannot take (none is
+        added then: check each with ``lm.check_prompt`` first to keep the others)."""
+        todo = []
+        for generation in generations:
+            if generation.done:
+                continue
+            if generation.max_new_tokens <= 0:
+                generation.finish(LENGTH)
+                continue
+            self.lm.check_prompt(generation.prompt)
+            todo.append(generation)
+        free = [s for s in range(self.lm.max_batch) if s not in self.running]
+        joining, waiting = todo[:len(free)], todo[len(free):]
+        if len(joining) < 2:
+            return self._add_each(joining) + waiting
+        slots: dict[int, Generation] = {}
+        for generation in joining:  # the longest shared start first, as ``add`` picks
+            slot = max(free, key=lambda s: common_prefix(self.lm.cached(s), generation.prompt))
+            free.remove(slot)
+            slots[slot] = generation
+        try:
+            logits = self.lm.prefill_batch({s: g.prompt for s, g in slots.items()})
+        except CacheFull:  # together they do not fit: one at a time, as many as do
+            return self._add_each(joining) + waiting
+        for slot, generation in slots.items():
+            generation.slot = slot
+            self.running[slot] = generation
+            self._accept(generation, logits[slot])
+        return waiting
+
+    def _add_each(self, generations: list[Generation]) -> list[Generation]:
+        """``add`` each in turn; those from the first that finds no pages on wait (CacheFull
+        where nothing runs that could free them)."""
+        for i, generation in enumerate(generations):
+            try:
+                self.add(generation)
+            except CacheFull:
+                if not self.running:
+                    raise
+                return generations[i:]
+        return []
+
     def step(self) -> list[Generation]:
         """One decode step of every running generation (cancelled ones leave first); the
         generations that ended in it, whose slots are free again."""
@@ -168,17 +213,9 @@ class Batch:
         is free, between steps. Returns them, in the order given."""
         waiting = list(generations)
         order = list(waiting)
-        waiting.reverse()
         while waiting or self.running:
-            while waiting and self.free_slots:
-                generation = waiting.pop()
-                try:
-                    self.add(generation)
-                except CacheFull:
-                    if not self.running:  # it would not fit even alone
-                        raise
-                    waiting.append(generation)  # it joins when running ones have left
-                    break
+            if self.free_slots:  # those that fit join together; the rest wait
+                waiting = self.add_many(waiting)
             if self.running:
                 self.step()
         return order

@@ -160,10 +160,9 @@ class LanguageModel:
     def _tensor(self, values: Sequence[int] | np.ndarray) -> Tensor:
         return Tensor(np.asarray(values, dtype=np.int32), device=self.device, dtype=dt.int32)
 
-    def prefill(self, ids: Sequence[int], slot: int = 0) -> np.ndarray:
-        """Logits (vocab,) after ``ids``, whose keys and values go into ``slot``; only the
-        tokens after the longest prefix already in that slot run."""
-        slot = self._slot(slot)
+    def check_prompt(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` as a list of ints, or ValueError saying why the model cannot take them
+        (empty, longer than ``max_seq_len``, ids outside the vocabulary)."""
         ids = [int(i) for i in ids]
         if not ids:
             raise ValueError("the prompt has no tokens")
@@ -174,19 +173,46 @@ class LanguageModel:
         bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
-        same = common_prefix(self._cached[slot], ids[:-1])  # the last token runs: its logits
+        return ids
+
+    def prefill(self, ids: Sequence[int], slot: int = 0) -> np.ndarray:
+        """Logits (vocab,) after ``ids``, whose keys and values go into ``slot``; only the
+        tokens after the longest prefix already in that slot run."""
+        return self.prefill_batch({slot: ids})[self._slot(slot)]
+
+    def prefill_batch(self, prompts: Mapping[int, Sequence[int]]) -> dict[int, np.ndarray]:
+        """``prefill`` of several slots' prompts in one pass: ``{slot: ids}`` in, ``{slot:
+        logits (vocab,)}`` out. The pass has a row per prompt (1, 2, 4, ... rows, as a decode
+        step; rows left over sit it out), each prompt's new tokens padded to the longest's
+        length, rounded up to a power of two."""
+        if not prompts:
+            raise ValueError("prefill_batch needs at least one slot's prompt")
+        checked = {self._slot(slot): self.check_prompt(ids) for slot, ids in prompts.items()}
+        order = sorted(checked)
+        # the last token runs whatever the slot holds: its logits are the answer
+        same = {s: common_prefix(self._cached[s], checked[s][:-1]) for s in order}
         start = time.perf_counter()
-        new = ids[same:]
-        padded = new + [0] * (_bucket(len(new)) - len(new))
-        self._cached[slot] = self._cached[slot][:same]  # the rest is overwritten now
-        self._hold(slot, len(ids))
+        for slot in order:
+            self._cached[slot] = self._cached[slot][:same[slot]]  # the rest is overwritten
+            self._hold(slot, len(checked[slot]))
         self._sync_table()
-        logits = self.model.forward(self._tensor(padded), self._tensor([same]),
-                                    self._tensor([len(new) - 1]), self._tensor([slot])).numpy()
+        rows = 1 if len(order) == 1 else self._rows(len(order))
+        news = [checked[s][same[s]:] for s in order]
+        length = _bucket(max(len(n) for n in news))
+        tokens = np.zeros((rows, length), dtype=np.int32)
+        starts = np.full(rows, -1, dtype=np.int32)  # rows past the prompts write nothing
+        lasts = np.zeros(rows, dtype=np.int32)
+        slots = np.zeros(rows, dtype=np.int32)
+        for r, (slot, new) in enumerate(zip(order, news)):
+            tokens[r, :len(new)] = new
+            starts[r], lasts[r], slots[r] = same[slot], len(new) - 1, slot
+        logits = self.model.forward(self._tensor(tokens), self._tensor(starts),
+                                    self._tensor(lasts), self._tensor(slots)).numpy()
         self.stats.prefill_seconds += time.perf_counter() - start
-        self.stats.prefill_tokens += len(new)
-        self._cached[slot] = ids
-        return logits[0]
+        self.stats.prefill_tokens += sum(len(n) for n in news)
+        for slot in order:
+            self._cached[slot] = checked[slot]
+        return {slot: logits[r] for r, slot in enumerate(order)}
 
     def decode(self, token: int, slot: int = 0) -> np.ndarray:
         """Logits (vocab,) after feeding ``token`` at the next position of ``slot``."""

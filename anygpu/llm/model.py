@@ -165,11 +165,11 @@ class Transformer:
         (rows, L) int32 (or (L,): one row), whose tokens sit at positions ``start[r] ..``;
         their keys and values go into the cache.
 
-        With ``slot`` (1,) the one row is a sequence in that slot of the cache. Without it the
+        With ``slot`` (rows,) each row is a sequence in that slot of the cache (a prompt, or
+        prompts prefilled together, or a decode step of fewer rows than slots). Without it the
         rows are the slots, all ``max_batch`` of them, one token each (a decode step); a row
         whose ``start`` is negative sits the step out: it writes nothing and its logits are
-        meaningless. A decode step of fewer rows than slots gives ``slot`` (rows,), the slot
-        of each row.
+        meaningless.
 
         Tokens after ``last`` may be padding (a prompt padded to a length whose kernels exist
         already): their cache rows lie past the real tokens, where no query looks before a
@@ -183,9 +183,6 @@ class Transformer:
         if slot is None and rows != slots:
             raise ValueError(f"without a slot, forward runs every slot of the cache: {slots} "
                              f"rows, got {rows}")
-        if slot is not None and rows > 1 and length > 1:
-            raise ValueError(f"a step of several rows in given slots runs one token each, got "
-                             f"{length}")
         if slot is None and length > 1 and rows > 1:
             raise ValueError(f"a step of every slot runs one token each, got {length}")
         heads, kv_heads, dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim

@@ -82,6 +82,7 @@ class Scheduler:
         self.steps = 0
         self._stop = False
         self._thread: threading.Thread | None = None
+        self.broken: str | None = None  # why the scheduler's thread ended, if it failed
 
     def start(self) -> None:
         self._stop = False
@@ -100,6 +101,9 @@ class Scheduler:
         """Queue ``generations`` (one request's) for slots; QueueFull, and none queued, when
         they would make more than ``max_queue`` wait."""
         with self.wake:
+            if self.broken is not None:
+                raise RequestError(f"the server's scheduler failed: {self.broken}",
+                                   status=500, code="internal_error", kind="server_error")
             free = self.lm.max_batch - self.running_count
             if len(self.waiting) + len(generations) > free + self.max_queue:
                 raise QueueFull(self.max_queue)
@@ -113,6 +117,17 @@ class Scheduler:
             self.wake.notify_all()
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as err:  # a fault of the loop itself: no request waits forever
+            self.broken = f"{type(err).__name__}: {err}"
+            with self.wake:
+                pending = list(self.waiting) + list(self.batch.running.values())
+                self.waiting.clear()
+            self._fail(pending, err)
+            raise
+
+    def _loop(self) -> None:
         while True:
             with self.wake:
                 while not self._stop and not self.waiting and not self.batch.running:
@@ -123,22 +138,29 @@ class Scheduler:
                 while self.waiting and len(joining) < self.batch.free_slots:
                     joining.append(self.waiting.popleft())
                 self.running_count = len(self.batch.running) + len(joining)
-            for i, generation in enumerate(joining):
+            ready = []
+            for generation in joining:
                 if generation.cancelled:
                     self.cancelled += 1
                     generation.finish(CANCELLED)
                     continue
-                try:
-                    self.batch.add(generation)
-                except CacheFull as err:
-                    if not self.batch.running:  # it does not fit even alone
-                        self._fail([generation], err)
-                        continue
-                    with self.wake:  # they wait, in order, for running ones to free pages
-                        self.waiting.extendleft(reversed(joining[i:]))
-                    break
-                except Exception as err:  # a prompt the model refuses ends that request only
+                try:  # a prompt the model refuses ends that request only
+                    self.batch.lm.check_prompt(generation.prompt)
+                except ValueError as err:
                     self._fail([generation], err)
+                    continue
+                ready.append(generation)
+            try:  # their prompts run in one pass; those whose pages are held wait, in order
+                left = self.batch.add_many(ready)
+            except CacheFull as err:  # nothing runs, and the first does not fit even alone
+                self._fail(ready[:1], err)
+                left = ready[1:]
+            except Exception as err:  # a device failure ends the requests that were joining
+                self._fail(ready, err)
+                left = []
+            if left:
+                with self.wake:
+                    self.waiting.extendleft(reversed(left))
             if self.batch.running:
                 try:
                     ended = self.batch.step()

@@ -122,3 +122,27 @@ def test_a_step_of_every_slot_matches_the_model_run_per_slot(device, loaded):
         lm.prefill(prompt, 3)
         np.testing.assert_allclose(lm.decode(token, 3), together[slot], rtol=1e-5, atol=1e-5)
     assert lm.cached(1) == PROMPTS[1]
+
+
+def test_prompts_prefilled_together_match_each_alone(device, loaded):
+    """Several slots' prompts in one pass (padded to the longest, a row sitting it out), one
+    of them continuing what its slot holds, give each prompt's own logits and cache."""
+    lm = loaded("llama", device)
+    lm.prefill(PROMPTS[2][:4], 1)  # slot 1 holds the start of its next prompt
+    prompts = {0: PROMPTS[0], 1: PROMPTS[2], 3: PROMPTS[1]}
+    before = lm.stats.prefill_tokens
+    together = lm.prefill_batch(prompts)
+    # slot 1 ran only what followed the four tokens it held
+    assert lm.stats.prefill_tokens - before == len(PROMPTS[0]) + len(PROMPTS[2]) - 4 + \
+        len(PROMPTS[1])
+    nexts = lm.decode_batch({0: 5, 1: 6, 3: 7})
+    for slot, prompt in prompts.items():
+        assert lm.cached(slot) == prompt + [{0: 5, 1: 6, 3: 7}[slot]]
+    for slot, prompt in prompts.items():
+        lm.reset(2)
+        alone = lm.prefill(prompt, 2)
+        np.testing.assert_allclose(together[slot], alone, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(nexts[slot], lm.decode({0: 5, 1: 6, 3: 7}[slot], 2),
+                                   rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="no tokens"):
+        lm.prefill_batch({0: []})

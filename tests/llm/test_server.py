@@ -34,6 +34,7 @@ class Running:
         self.scheduler = server.scheduler
 
     def client(self, **kwargs: Any) -> Any:
+        kwargs.setdefault("timeout", 120)  # a server that stopped answering fails, not hangs
         return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0,
                              **kwargs)
 
@@ -138,7 +139,8 @@ def test_sixteen_concurrent_clients_get_what_each_gets_alone(served):
             max_tokens=6 + k % 5, **GREEDY).choices[0].message.content
 
     alone = [one(p, k) for k, p in enumerate(prompts)]
-    aclient = openai.AsyncOpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0)
+    aclient = openai.AsyncOpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0,
+                                 timeout=120)
 
     async def all_at_once() -> list[str]:
         async def run(prompt: str, k: int) -> Any:

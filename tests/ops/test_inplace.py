@@ -230,6 +230,13 @@ def test_index_copy_replays_under_jit(device):
         np.testing.assert_allclose(total, want.sum(), rtol=1e-5)
 
 
+def test_index_copy_from_another_device(device):
+    x = ag.zeros(4, 2, device=device)
+    rows = ag.tensor(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), device="cpu")
+    x.index_copy_(0, ag.tensor(np.array([3, 1], np.int32), device="cpu"), rows)
+    np.testing.assert_array_equal(x.numpy(), [[0, 0], [3, 4], [0, 0], [1, 2]])
+
+
 def test_index_copy_errors(device):
     x = ag.zeros(4, 3, device=device)
     src = ag.ones(2, 3, device=device)
