@@ -2,14 +2,16 @@
 # The whole GPU check, on a machine with an NVIDIA GPU: the test suite on cuda, opencl (the NVIDIA
 # OpenCL driver) and webgpu (NVIDIA Vulkan), then the benchmarks. Results go to $OUT (default
 # ./gpu-results): devices.txt, tests-<backend>.txt, bench.txt, bench.json, bench-jit.txt,
-# bench-gemm.txt, bench-conv.txt, bench-norm.txt, bench-loops.txt, bench-models-{train,infer}.txt,
-# bench-onnx.txt, onnx-nodes-<backend>.txt
-# (the models mode: MODELS, PRECISIONS, MODES, STEPS, BENCH_DEVICES choose what runs).
+# bench-gemm.txt, bench-conv.txt, bench-norm.txt, bench-loops.txt, bench-demo.txt,
+# bench-models-{train,infer}.txt, bench-onnx.txt, onnx-nodes-<backend>.txt, bench-llm.txt
+# (the models mode: MODELS, PRECISIONS, MODES, STEPS, BENCH_DEVICES choose what runs; the llm
+# mode: LLM_CONFIG, LLM_QUANTS, LLM_DEVICES).
 #
 # Optional inputs in the repository root: .whl/ (wheels for packages the machine lacks, e.g.
 # pyopencl and wgpu, installed into /tmp/site; scripts/offline_wheels.sh downloads them) and .gl/
 # (Debian packages of the Vulkan loader).
-#   usage: [BACKENDS="cuda opencl"] [TESTS="tests/ops"] scripts/gpu_check.sh [tests|bench|models|onnx|all]
+#   usage: [BACKENDS="cuda opencl"] [TESTS="tests/ops"] scripts/gpu_check.sh
+#          [tests|bench|models|onnx|llm|all]
 #          [pytest args...]
 set -u
 cd "$(dirname "$0")/.."
@@ -53,6 +55,19 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 benchmarks/bench_norm.py --device cuda 2>&1 | tee "$out/bench-norm.txt" || status=1
   python3 benchmarks/bench_loops.py --device cuda opencl webgpu --steps 12 2>&1 \
     | tee "$out/bench-loops.txt" || status=1
+  python3 benchmarks/bench_demo.py --device cuda 2>&1 | tee "$out/bench-demo.txt" || status=1
+fi
+if [ "$what" = llm ] || [ "$what" = all ]; then
+  # decode and prefill beside transformers, then the other backends on the same GPU
+  for quant in ${LLM_QUANTS:-f16 q8 q4}; do
+    for device in ${LLM_DEVICES:-cuda opencl webgpu}; do
+      compare=""
+      [ "$device" = cuda ] && compare="--compare torch"
+      timeout "${BENCH_TIMEOUT:-540}" python3 -m anygpu.cli.main bench llm \
+        --config ${LLM_CONFIG:-llama-2-7b} --quant "$quant" --device "$device" $compare 2>&1 \
+        | tee -a "$out/bench-llm.txt" || status=1
+    done
+  done
 fi
 if [ "$what" = models ] || [ "$what" = all ]; then
   # the seed CNN benchmark: every model's training step and inference beside PyTorch

@@ -13,6 +13,8 @@ builds. A row reports:
   ``PREFILL_RUNS`` runs after a warm-up; the first run, which compiles, on its own line);
 - decode: the median time of one step of the captured decode step (token in, logits back on
   the host) over ``--decode-tokens`` steps after a warm-up, and its tokens per second;
+  ``--batch N`` prefills N prompts together and decodes them together, and counts the tokens
+  of all N (``--page-size`` and ``--cache-tokens`` set up the paged cache as ``load`` does);
 - the roofline: the bytes a decode step moves (every weight read once, the embedding table
   one row of it, and the key/value cache as the current implementation touches it: attention
   reads the whole preallocated cache, and one row is written per layer and cache) over the
@@ -102,6 +104,7 @@ class Row:
     # anygpu's time over PyTorch's (above 1: slower), on anygpu's rows with --compare torch
     prefill_ratio: float | None = None
     decode_ratio: float | None = None
+    batch: int = 1  # sequences prefilled and decoded together (tokens/s counts them all)
 
 
 # ---- the model on the device -------------------------------------------------------------------
@@ -217,17 +220,25 @@ def _measure(prefill: Callable[[], Any], step: Callable[[Any], Any], decode_toke
     return first, prefill_times, decode_times
 
 
-def _measure_anygpu(lm: Any, prompt: list[int], decode_tokens: int
+def _measure_anygpu(lm: Any, prompts: list[list[int]], decode_tokens: int
                     ) -> tuple[float, list[float], list[float]]:
-    def prefill() -> int:
+    """``_measure`` of ``lm`` on one prompt per slot: prefilled together, then decoded
+    together, each step choosing every slot's next token greedily on the host, as generation
+    does."""
+    def prefill() -> dict[int, int]:
         lm.reset()
-        return int(np.argmax(lm.prefill(prompt)))  # greedy, on the host, as generation does
+        logits = lm.prefill_batch(dict(enumerate(prompts)))
+        return {slot: int(np.argmax(row)) for slot, row in logits.items()}
 
-    return _measure(prefill, lambda token: int(np.argmax(lm.decode(token))), decode_tokens)
+    def step(tokens: dict[int, int]) -> dict[int, int]:
+        return {slot: int(np.argmax(row)) for slot, row in lm.decode_batch(tokens).items()}
+
+    return _measure(prefill, step, decode_tokens)
 
 
 def run_anygpu(config: str, quant: str, device: str, prompt_len: int, decode_tokens: int,
-               max_seq_len: int, copy_mib: int) -> Row:
+               max_seq_len: int, copy_mib: int, batch: int = 1, page_size: int | None = None,
+               cache_tokens: int | None = None) -> Row:
     import anygpu as ag
     from anygpu.llm.config import ModelConfig
     from anygpu.llm.engine import LanguageModel
@@ -246,14 +257,16 @@ def run_anygpu(config: str, quant: str, device: str, prompt_len: int, decode_tok
     weights = random_weights(cfg, dev.name, dtype, packed=packed)
     params = sum(int(np.prod(t.shape)) for t in weights.values())
     weight_bytes, kv_bytes = traffic(cfg, weights, dtype, max_seq_len)
-    lm = LanguageModel(Transformer(cfg, weights, dev.name, dtype, max_seq_len), None, cfg,
-                       f"random {config}")
+    pages = None if cache_tokens is None else -(-cache_tokens // (page_size or max_seq_len))
+    lm = LanguageModel(Transformer(cfg, weights, dev.name, dtype, max_seq_len, max_batch=batch,
+                                   page_size=page_size, cache_pages=pages),
+                       None, cfg, f"random {config}")
     del weights
     rng = np.random.default_rng(0)
-    prompt = rng.integers(0, cfg.vocab_size, prompt_len).tolist()
+    prompts = [rng.integers(0, cfg.vocab_size, prompt_len).tolist() for _ in range(batch)]
     label = f"anygpu llm {config} {quant} on {dev.name}"
     before = len(dev._programs)
-    first, prefill_times, decode_times = _measure_anygpu(lm, prompt, decode_tokens)
+    first, prefill_times, decode_times = _measure_anygpu(lm, prompts, decode_tokens)
     print(f"{label}: first prefill {first:.2f} s, {len(dev._programs) - before} kernels "
           "compiled (prefill and decode)", file=sys.stderr)
     del lm
@@ -262,12 +275,14 @@ def run_anygpu(config: str, quant: str, device: str, prompt_len: int, decode_tok
     rate = copy_rate(dev.name, _copy_mib(dev, copy_mib))
     prefill_s = statistics.median(prefill_times)
     decode_s = statistics.median(decode_times)
-    decode_tps = 1.0 / decode_s
-    roofline = rate / (weight_bytes + kv_bytes)
+    decode_tps = batch / decode_s
+    # a step reads the weights once and each sequence's cache
+    step_bytes = weight_bytes + batch * kv_bytes
+    roofline = batch * rate / step_bytes
     return Row("anygpu", dev.name, config, quant, dtype.name, params, prompt_len, decode_tokens,
-               max_seq_len, first, prefill_s, prompt_len / prefill_s, decode_s * 1e3,
-               decode_tps, weight_bytes, kv_bytes, weight_bytes + kv_bytes, rate / 1e9,
-               roofline, decode_tps / roofline)
+               max_seq_len, first, prefill_s, batch * prompt_len / prefill_s, decode_s * 1e3,
+               decode_tps, weight_bytes, batch * kv_bytes, step_bytes, rate / 1e9,
+               roofline, decode_tps / roofline, batch=batch)
 
 
 # ---- PyTorch -----------------------------------------------------------------------------------
@@ -340,18 +355,20 @@ def format_table(rows: list[Row]) -> str:
         share = f"{r.roofline_share:6.1%}" if r.roofline_share is not None else " " * 6
         ratio = (f"{r.prefill_ratio:4.2f}x/{r.decode_ratio:4.2f}x"
                  if r.prefill_ratio is not None and r.decode_ratio is not None else "")
-        lines.append(f"{r.framework:9s} {r.device:9s} {r.config:14s} {r.dtype:8s} "
+        config = r.config if r.batch == 1 else f"{r.config} x{r.batch}"
+        lines.append(f"{r.framework:9s} {r.device:9s} {config:14s} {r.dtype:8s} "
                      f"{r.first_prefill_s:8.2f} {r.prefill_tokens_per_s:13.1f} "
                      f"{r.decode_tokens_per_s:12.1f} {r.decode_ms:9.2f} {roof} {share} "
                      f"{ratio:>11s}")
     for r in rows:
         if r.bytes_per_token is None or r.weight_bytes is None or r.kv_cache_bytes is None:
             continue
+        each = "" if r.batch == 1 else f" for each of {r.batch} sequences"
         lines.append(f"{r.config} on {r.device}: {r.params / 1e9:.3g}B parameters; a decode "
                      f"step moves {_bytes(r.bytes_per_token)} (weights "
                      f"{_bytes(r.weight_bytes)}, key/value cache "
                      f"{_bytes(r.kv_cache_bytes)}: attention reads the whole preallocated "
-                     f"cache of {r.max_seq_len} tokens and writes one row); copy rate "
+                     f"cache of {r.max_seq_len} tokens and writes one row{each}); copy rate "
                      f"{r.copy_gb_per_s:.1f} GB/s")
     if any(r.prefill_ratio is not None for r in rows):
         lines.append("ratio: anygpu's time over PyTorch's, prefill/decode (above 1: slower); "
@@ -380,6 +397,12 @@ def add_parser(modes: Any) -> None:
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="the key/value cache's length (default: the prompt, the warm-up and "
                    "the decode steps)")
+    p.add_argument("--batch", type=int, default=1,
+                   help="sequences prefilled and decoded together (tokens/s counts them all)")
+    p.add_argument("--page-size", type=int, default=None,
+                   help="tokens per page of the key/value cache (default: a page per sequence)")
+    p.add_argument("--cache-tokens", type=int, default=None,
+                   help="tokens the cache holds in all (default: every sequence full)")
     p.add_argument("--copy-mib", type=int, default=256,
                    help="size of the copy that measures the copy rate")
     p.add_argument("--compare", choices=("torch",), help="run transformers beside, same device")
@@ -390,9 +413,9 @@ def add_parser(modes: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     import anygpu as ag
 
-    if args.prompt_len < 1 or args.decode_tokens < 1 or args.copy_mib < 1:
-        raise SystemExit("anygpu bench llm: --prompt-len, --decode-tokens and --copy-mib "
-                         "must be at least 1")
+    if min(args.prompt_len, args.decode_tokens, args.copy_mib, args.batch) < 1:
+        raise SystemExit("anygpu bench llm: --prompt-len, --decode-tokens, --copy-mib and "
+                         "--batch must be at least 1")
     needed = args.prompt_len + DECODE_WARMUP + args.decode_tokens
     max_seq_len = args.max_seq_len or needed
     if max_seq_len < needed:
@@ -401,8 +424,11 @@ def main(args: argparse.Namespace) -> int:
                          f"({needed})")
     device = ag.get_device(args.device).name
     row = run_anygpu(args.config, args.quant, device, args.prompt_len, args.decode_tokens,
-                     max_seq_len, args.copy_mib)
+                     max_seq_len, args.copy_mib, args.batch, args.page_size, args.cache_tokens)
     rows = [row]
+    if args.compare == "torch" and args.batch > 1:
+        raise SystemExit("anygpu bench llm: --compare torch runs one sequence; leave --batch "
+                         "at 1 for it")
     if args.compare == "torch":
         from anygpu.cli.bench import torch_device
 
