@@ -347,7 +347,7 @@ def _measure_torch(model: Any, prompt: Any, cache_arg: str, decode_tokens: int
 # ---- the command -------------------------------------------------------------------------------
 def format_table(rows: list[Row]) -> str:
     head = (f"{'framework':9s} {'device':9s} {'config':14s} {'dtype':8s} {'first s':>8s} "
-            f"{'prefill tok/s':>13s} {'decode tok/s':>12s} {'ms/token':>9s} "
+            f"{'prefill tok/s':>13s} {'decode tok/s':>12s} {'ms/step':>9s} "
             f"{'roofline tok/s':>14s} {'share':>6s} {'ratio p/d':>11s}")
     lines = [head, "-" * len(head)]
     for r in rows:
