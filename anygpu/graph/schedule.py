@@ -246,11 +246,11 @@ _FUSED_OPERAND_COST = 12
 # already costs more than storing it (the demo's batch norm and ReLU before its second
 # convolution, computed 16 times per element, took half the training step).
 _FUSED_OPERAND_COST_CPU = 3
+_COSTLY = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.DIV, Op.IDIV, Op.MOD})
 
 
 def _dialect(device: str) -> str:
     return get_device(device).dialect
-_COSTLY = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.DIV, Op.IDIV, Op.MOD})
 
 
 def _operand_cost(node: Lazy, root: Lazy, limit: int) -> int:
@@ -812,7 +812,6 @@ def realize_into(value: Lazy, target: Lazy) -> None:
     copy = DeviceCopy(device, [target.buffer, value.buffer])
     copy()
     _record(copy)
-
 
 
 _row_writes: dict[tuple, lower.KernelAST] = {}
