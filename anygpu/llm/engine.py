@@ -3,13 +3,14 @@
 ``LanguageModel.generate`` runs the prompt through the model once (prefill), then one token per
 step (decode) through a captured ``anygpu.jit`` step whose inputs are the tokens and their
 positions as device tensors, so every step replays the same kernels. The cache has
-``max_batch`` slots, one sequence each: ``generate`` and ``chat`` use slot 0, and
-``decode_batch`` runs one token for each of several slots in the same step (a step of 1, 2,
-4, ... rows, each size captured once), which is what ``generate_batch`` and the server
-(continuous batching, ``anygpu.llm.batch``) build on. Tokens whose keys and values are already
-in a slot (the conversation so far, in a chat) are not run again: a new prompt that starts
-with them only runs what follows, padded to a power of two in length so that prompts of many
-lengths share a few sets of kernels.
+``max_batch`` slots, one sequence each, in pages of a shared pool that this class hands out
+as sequences grow (a page table on the device says which): ``generate`` and ``chat`` use slot
+0, and ``decode_batch`` runs one token for each of several slots in the same step (a step of
+1, 2, 4, ... rows, each size captured once), which is what ``generate_batch`` and the server
+(continuous batching, ``anygpu.llm.batch``) build on; ``prefill_batch`` runs several prompts
+in one pass. Tokens whose keys and values are already in a slot (the conversation so far, in a
+chat) are not run again: a new prompt that starts with them only runs what follows, padded to
+a power of two in length so that prompts of many lengths share a few sets of kernels.
 """
 
 from __future__ import annotations
