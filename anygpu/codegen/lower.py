@@ -733,7 +733,7 @@ class _Hoister:
     variables and declared (``decls``) for before the loop."""
 
     def __init__(self, loop: ir.For, counter: list[int]) -> None:
-        self.variant = _assigned(loop.body, {loop.name})
+        self.variant = _assigned(loop.body, {loop.name, "<special>"})
         self.counter = counter
         self.free: dict[int, frozenset[str]] = {}
         self.costly: dict[int, bool] = {}
