@@ -1,9 +1,12 @@
 """The Llama-family decoder in anygpu ops, with a key/value cache of fixed size.
 
-The cache holds ``max_batch`` sequences, one slot each: per layer ``(max_batch * kv_heads *
-max_seq_len, head_dim)``, a row per slot, key/value head and position, preallocated; a step
-writes only the rows of its new tokens (one kernel that stores those rows,
-``schedule.write_rows``), and attention reads a slot as ``(kv_heads, max_seq_len, head_dim)``.
+The cache holds ``max_batch`` sequences, one slot each, in pages of ``page_size`` tokens from
+one pool: per layer ``(cache_pages * kv_heads * page_size, head_dim)``, a row per page,
+key/value head and position in the page, preallocated, and a page table ``(max_batch,
+pages_per_seq)`` on the device that names each slot's pages (``LanguageModel`` hands them out).
+A step writes only the rows of its new tokens (one kernel that stores those rows,
+``schedule.write_rows``), and attention reads a slot's pages through the table as ``(kv_heads,
+pages_per_seq * page_size, head_dim)``.
 ``Transformer.forward(tokens, start, last, slot)`` runs either one sequence's ``L`` tokens at
 positions ``start .. start + L - 1`` into slot ``slot`` (prefill), or one token for each of
 several sequences at once (decode: ``tokens`` (rows, 1), ``start`` the position of each, -1 for
