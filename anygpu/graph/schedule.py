@@ -279,9 +279,14 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
     # the processor's products small enough to stay compiled (larger ones go to BLAS, whose
     # operands are laid out by kernels of their own anyway: _unfold_windows, lower.to_ir)
     product = node.srcs[0]
-    cpu = _dialect(root.device) == "c" and product.numel < (
-        _UNFOLD_MIN if len(product.shape) >= 5 else 1 << 21)
-    for side in node.srcs[0].srcs:
+    on_cpu = _dialect(root.device) == "c"
+    cpu = on_cpu and product.numel < (_UNFOLD_MIN if len(product.shape) >= 5 else 1 << 21)
+    # a matrix product large enough for BLAS reads its operands as plain buffers: an operand
+    # computed inside the product keeps it a compiled reduction (a decode step of 8 sequences
+    # summed TinyLlama's down projection at 0.8 GB/s, its SiLU recomputed for every output)
+    blas = on_cpu and not cpu and len(product.shape) < 5
+    operands: list[Lazy] = []
+    for side in product.srcs:
         if side.op is not Op.EXPAND or side.realized:
             continue
         below = side.srcs[0]
@@ -293,7 +298,19 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
                 below.keep = True
                 break
             below = below.srcs[0]
+        operands.append(below)
+    if blas:
+        # other products summed beside this one in the same loop (SwiGLU's gate and up) are
+        # stored by kernels of their own: each is then one BLAS call, not a stage of a
+        # compiled reduction
+        for other in lower._first_reduces(root):
+            if other is not node and other.op is Op.SUM and other.srcs[0].op is Op.MUL and \
+                    other.srcs[0].numel >= 1 << 21 and not is_boundary(other, root):
+                other.keep = True
+    for below in operands:
         limit = _FUSED_OPERAND_COST if not cpu else _FUSED_OPERAND_COST_CPU
+        if blas and all(below.numel <= other.numel for other in operands):
+            limit = 1  # the smaller side (activations, not weights dequantized in the loads)
         if below.op in ELEMENTWISE and not is_boundary(below, root) and \
                 _operand_cost(below, root, limit) >= limit:
             below.keep = True

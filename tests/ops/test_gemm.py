@@ -149,14 +149,17 @@ def test_float32_matmul_precision(device: str) -> None:
         ag.set_float32_matmul_precision("highest")
 
 
-def test_tensor_core_kernel_renders() -> None:
+def test_tensor_core_kernel_renders(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tf32 tensor-core kernel for a computed operand as CUDA renders it (checked here
     without a GPU; the GPU check runs it): staged through registers, one mma.sync per 16 x 8
     fragment and k-step, operands from padded local tiles."""
     from anygpu.codegen.render.cstyle import render
+    from anygpu.graph import schedule as sched
 
     a = ag.tensor(_rand((1024, 128), 21))
     b = ag.tensor(_rand((128, 1024), 22))
+    # scheduled as for a GPU (the processor stores a computed operand of a product for BLAS)
+    monkeypatch.setattr(sched, "_dialect", lambda device: "cuda")
     item = [i for i in schedule([((a.exp() @ b) + 1).lazy]) if isinstance(i, KernelItem)][0]
     kernel = lower.to_ir(item.ast, "cuda", 1024, {"cc": (9, 0), "tf32": True})
     assert kernel.local == 256 and "tensor cores (tf32)" in kernel.meta["template"]
