@@ -96,10 +96,11 @@ def test_a_plain_training_loop_compiles_nothing_after_its_first_step(device):
         times.append(time.perf_counter() - start)
     assert compiled[0] > 0 and compiled[1:] == [0] * 13, compiled
     assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
-    # steady, not growing: the later steps take no longer than the early ones, within 20% (the
-    # best of steps 2-4 against the best of steps 8-14, and 5 ms more, against the bursts of
-    # a shared machine)
-    assert min(times[7:]) <= 1.2 * min(times[1:4]) + 5e-3, times
+    # steady, not growing: the later steps take no longer than the early ones (the best of
+    # steps 2-4 against the best of steps 8-14) within 50% and 10 ms: the other test process
+    # of a 2-core machine slowed a whole stretch of steps by 1.4x once; a graph that grows with
+    # the steps (a buffer updated by reassignment took 8x longer by the 12th step) does more
+    assert min(times[7:]) <= 1.5 * min(times[1:4]) + 1e-2, times
 
 
 @pytest.mark.usefixtures("count_kernels")
