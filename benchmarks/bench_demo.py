@@ -18,8 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import anygpu as ag  # noqa: E402
-from anygpu.cli.demo import load_digits, make_model  # noqa: E402
-from anygpu.nn import functional as F  # noqa: E402
+from anygpu.cli.demo import load_digits, make_model, make_train_step  # noqa: E402
 from timing import median_time  # noqa: E402  (benchmarks/timing.py)
 
 BATCH = 64
@@ -34,14 +33,7 @@ def bench_anygpu(device: str, steps: int, profile: bool) -> float:
     x = ag.tensor(images[:BATCH], device=device)
     y = ag.tensor(labels[:BATCH], device=device)
 
-    @ag.jit
-    def step(xb: ag.Tensor, yb: ag.Tensor) -> ag.Tensor:
-        opt.zero_grad()
-        loss = F.cross_entropy(model(xb), yb)
-        loss.backward()
-        opt.step()
-        return loss
-
+    step = make_train_step(model, opt)
     for _ in range(3):  # run, capture, replay
         step(x, y).item()
     seconds = median_time(lambda: step(x, y), dev.synchronize, steps)

@@ -15,6 +15,7 @@ import numpy as np
 
 import anygpu as ag
 from anygpu import nn
+from anygpu.graph.jit import JitFunction
 from anygpu.nn import functional as F
 
 
@@ -30,6 +31,21 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
                          "reinstall anygpu") from err
     images = (raw.astype(np.float32) / 16.0 - 0.5) / 0.5
     return images[:, None, :, :], labels.astype(np.int64)
+
+
+def make_train_step(model: nn.Module, opt: ag.optim.Optimizer) -> JitFunction:
+    """One training step (forward, cross-entropy, backward, the optimizer's update), captured
+    with ``anygpu.jit``: the loss of a batch ``(x, y)``."""
+
+    @ag.jit
+    def train_step(x: ag.Tensor, y: ag.Tensor) -> ag.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return train_step
 
 
 def make_model() -> nn.Module:
@@ -82,13 +98,7 @@ def run(device: str | None = None, epochs: int = 6, batch_size: int = 64, lr: fl
     print(f"device: {ag.get_device(device).name} ({ag.get_device(device).info.name})")
     print(f"data: {len(train_idx)} training and {len(test_idx)} test images of 8x8 digits")
 
-    @ag.jit
-    def train_step(x: ag.Tensor, y: ag.Tensor) -> ag.Tensor:
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
+    train_step = make_train_step(model, opt)
 
     steps = len(train_idx) // batch_size  # full batches only: one captured shape
     rng = np.random.default_rng(seed + 1)

@@ -9,6 +9,7 @@ the output from the device's caching allocator and launches without waiting.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 import weakref
@@ -249,7 +250,10 @@ _FUSED_OPERAND_COST_CPU = 3
 _COSTLY = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.DIV, Op.IDIV, Op.MOD})
 
 
+@functools.lru_cache(maxsize=None)
 def _dialect(device: str) -> str:
+    """The device's code dialect (asked once per device name: this runs for every product
+    a step schedules)."""
     return get_device(device).dialect
 
 

@@ -67,10 +67,8 @@ def load(path: str | os.PathLike, device: str | None = None, dtype: Any = None,
         if tokenizer and os.path.isfile(os.path.join(source, "tokenizer.json")):
             tok = Tokenizer.from_folder(source)
     length = max_seq_len or min(cfg.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
-    page = length if page_size is None else page_size
-    pages = None if cache_tokens is None else -(-cache_tokens // page)
     model = Transformer(cfg, weights, dev.name, compute, length, max_batch=max_batch,
-                        page_size=page, cache_pages=pages)
+                        page_size=page_size, cache_tokens=cache_tokens)
     return LanguageModel(model, tok, cfg, source)
 
 

@@ -127,7 +127,7 @@ class Batch:
         free = [s for s in range(self.lm.max_batch) if s not in self.running]
         if not free:
             raise RuntimeError(f"all {self.lm.max_batch} slots are running")
-        slot = max(free, key=lambda s: common_prefix(self.lm.cached(s), generation.prompt))
+        slot = self._slot_for(generation, free)
         logits = self.lm.prefill(generation.prompt, slot)
         generation.slot = slot
         self.running[slot] = generation
@@ -152,8 +152,8 @@ class Batch:
         if len(joining) < 2:
             return self._add_each(joining) + waiting
         slots: dict[int, Generation] = {}
-        for generation in joining:  # the longest shared start first, as ``add`` picks
-            slot = max(free, key=lambda s: common_prefix(self.lm.cached(s), generation.prompt))
+        for generation in joining:
+            slot = self._slot_for(generation, free)
             free.remove(slot)
             slots[slot] = generation
         try:
@@ -165,6 +165,10 @@ class Batch:
             self.running[slot] = generation
             self._accept(generation, logits[slot])
         return waiting
+
+    def _slot_for(self, generation: Generation, free: list[int]) -> int:
+        """The free slot whose cached tokens share the longest start with the prompt."""
+        return max(free, key=lambda s: common_prefix(self.lm.cached(s), generation.prompt))
 
     def _add_each(self, generations: list[Generation]) -> list[Generation]:
         """``add`` each in turn; those from the first that finds no pages on wait (CacheFull

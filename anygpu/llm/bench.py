@@ -257,9 +257,8 @@ def run_anygpu(config: str, quant: str, device: str, prompt_len: int, decode_tok
     weights = random_weights(cfg, dev.name, dtype, packed=packed)
     params = sum(int(np.prod(t.shape)) for t in weights.values())
     weight_bytes, kv_bytes = traffic(cfg, weights, dtype, max_seq_len)
-    pages = None if cache_tokens is None else -(-cache_tokens // (page_size or max_seq_len))
     lm = LanguageModel(Transformer(cfg, weights, dev.name, dtype, max_seq_len, max_batch=batch,
-                                   page_size=page_size, cache_pages=pages),
+                                   page_size=page_size, cache_tokens=cache_tokens),
                        None, cfg, f"random {config}")
     del weights
     rng = np.random.default_rng(0)

@@ -78,10 +78,8 @@ class LanguageModel:
         self._cached: list[list[int]] = [[] for _ in range(self.max_batch)]
         # the cache's pages: each slot's, in order, and the free ones (the lowest first)
         self.page_size, self.cache_pages = model.page_size, model.cache_pages
-        self._table = np.full((self.max_batch, model.pages_per_seq), self.cache_pages, np.int32)
+        self._table = np.array(model.page_table.numpy(), dtype=np.int32)  # uploaded on change
         self._fixed = model.fixed_pages  # every slot owns its pages for good
-        if self._fixed:
-            self._table[:] = np.arange(self._table.size).reshape(self._table.shape)
         self._pages: list[list[int]] = [list(row) if self._fixed else []
                                         for row in self._table.tolist()]
         self._free = [] if self._fixed else list(range(self.cache_pages - 1, -1, -1))
@@ -129,7 +127,7 @@ class LanguageModel:
             raise CacheFull(f"the key/value cache has no room for {tokens} tokens in slot "
                             f"{slot}: {self.cache_pages} pages of {self.page_size} tokens, "
                             f"{self.cache_pages - self.free_pages(slot)} held by running "
-                            "sequences (raise cache_pages)")
+                            "sequences (raise cache_tokens)")
         self._released.pop(slot, None)
         while need > len(self._free):
             victim = next(iter(self._released))
@@ -197,7 +195,7 @@ class LanguageModel:
             self._cached[slot] = self._cached[slot][:same[slot]]  # the rest is overwritten
             self._hold(slot, len(checked[slot]))
         self._sync_table()
-        rows = 1 if len(order) == 1 else self._rows(len(order))
+        rows = self._rows(len(order))
         news = [checked[s][same[s]:] for s in order]
         length = _bucket(max(len(n) for n in news))
         tokens = np.zeros((rows, length), dtype=np.int32)

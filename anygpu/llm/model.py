@@ -86,7 +86,7 @@ class Transformer:
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, Tensor], device: str,
                  dtype: dt.DType, max_seq_len: int, max_batch: int = 1,
-                 page_size: int | None = None, cache_pages: int | None = None) -> None:
+                 page_size: int | None = None, cache_tokens: int | None = None) -> None:
         if max_seq_len < 1:
             raise ValueError(f"max_seq_len must be at least 1, got {max_seq_len}")
         if max_batch < 1:
@@ -97,9 +97,11 @@ class Transformer:
         self.cfg, self.device, self.dtype, self.max_seq_len = cfg, device, dtype, max_seq_len
         self.max_batch, self.page_size = max_batch, page_size
         self.pages_per_seq = -(-max_seq_len // page_size)
-        self.cache_pages = max_batch * self.pages_per_seq if cache_pages is None else cache_pages
-        if self.cache_pages < 1:
-            raise ValueError(f"cache_pages must be at least 1, got {self.cache_pages}")
+        if cache_tokens is not None and cache_tokens < 1:
+            raise ValueError(f"cache_tokens must be at least 1, got {cache_tokens}")
+        # the pool: room for every slot's max_seq_len tokens unless cache_tokens says less
+        self.cache_pages = max_batch * self.pages_per_seq if cache_tokens is None else \
+            -(-cache_tokens // page_size)
         # each slot's pages, in order; an entry past the pages a slot holds names no page
         # (cache_pages), so nothing is written there. A cache with room for every slot's
         # max_seq_len tokens gives slot s pages s * pages_per_seq onwards, for good.

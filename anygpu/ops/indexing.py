@@ -249,7 +249,7 @@ def index_copy(x: "Tensor", dim: int, index: Any, source: "Tensor") -> "Tensor":
     [[3.0, 4.0], [0.0, 0.0], [1.0, 2.0]]
     """
     axis, idx, src = _index_copy_args(x, dim, index, source, "index_copy")
-    idx = idx.lt(0)._select(idx + (x.shape[axis] if x.ndim else 1), idx)
+    idx = _index_tensor(idx, x, x.shape[axis] if x.ndim else 1)  # negatives count from the end
     shape = [1] * src.ndim
     shape[axis] = idx.shape[0]
     flat = x.reshape(src.shape[:axis] + (x.shape[axis] if x.ndim else 1,) + src.shape[axis + 1:])
