@@ -1022,6 +1022,8 @@ LINALG = [
         FLOATS + (I32,),
         lambda g: [
             Sample("2x2", (g.x((1, 2, 4, 6)), 2)),
+            # windows that tile the input but leave its last row and column out
+            Sample("2x2-leftover", (g.x((2, 2, 5, 7)), 2)),
             Sample("stride1-pad", (g.x((1, 1, 5, 5)), 3, 1, 1)),
             Sample("unbatched", (g.x((2, 4, 4)), 2)),
             Sample("edges", (In(g.edges().reshape(1, 1, 4, 4), g.dtype), 2)),
