@@ -53,7 +53,7 @@ class KernelSpec:
     reduction: Lazy | None = None  # the reduction the kernel's loop computes
 
 
-def _first_reduces(root: Lazy) -> list[Lazy]:
+def first_reduces(root: Lazy) -> list[Lazy]:
     """Reductions reachable from root through fusable nodes, nearest first (breadth first: the
     reductions of the root's own loop come before those deep inside its inputs)."""
     found: list[Lazy] = []
@@ -74,7 +74,7 @@ def _first_reduces(root: Lazy) -> list[Lazy]:
 def choose_spec(root: Lazy) -> KernelSpec:
     if root.op in REDUCE:
         return KernelSpec(root, root.srcs[0].shape, root.arg, True, root)
-    for red in _first_reduces(root):
+    for red in first_reduces(root):
         if red.numel == root.numel:
             return KernelSpec(root, red.srcs[0].shape, red.arg, True, red)
         if red.srcs[0].shape == root.shape:
@@ -304,7 +304,7 @@ class _Builder:
 
 def _index_dtype(spec: KernelSpec) -> DType:
     biggest = max([math.prod(spec.shape), spec.root.numel] +
-                  [n.numel for n in _first_reduces(spec.root)])
+                  [n.numel for n in first_reduces(spec.root)])
     return int32 if biggest < 2**31 - 1 else int64
 
 

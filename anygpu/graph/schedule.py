@@ -307,7 +307,7 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
         # other products summed beside this one in the same loop (SwiGLU's gate and up) are
         # stored by kernels of their own: each is then one BLAS call, not a stage of a
         # compiled reduction
-        for other in lower._first_reduces(root):
+        for other in lower.first_reduces(root):
             if other is not node and other.op is Op.SUM and other.srcs[0].op is Op.MUL and \
                     other.srcs[0].numel >= 1 << 21 and not is_boundary(other, root):
                 other.keep = True
