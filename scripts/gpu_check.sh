@@ -5,12 +5,12 @@
 # bench-gemm.txt, bench-conv.txt, bench-norm.txt, bench-loops.txt, bench-demo.txt,
 # bench-models-{train,infer}.txt, bench-onnx.txt, onnx-nodes-<backend>.txt, bench-llm.txt
 # (the models mode: MODELS, PRECISIONS, MODES, STEPS, BENCH_DEVICES choose what runs; the llm
-# mode: LLM_CONFIG, LLM_QUANTS, LLM_DEVICES).
+# mode: LLM_CONFIG, LLM_QUANTS, LLM_DEVICES, LLM_ARGS, LLM_COMPARE).
 #
 # Optional inputs in the repository root: .whl/ (wheels for packages the machine lacks, e.g.
 # pyopencl and wgpu, installed into /tmp/site; scripts/offline_wheels.sh downloads them) and .gl/
 # (Debian packages of the Vulkan loader).
-#   usage: [BACKENDS="cuda opencl"] [TESTS="tests/ops"] scripts/gpu_check.sh
+#   usage: [BACKENDS="cuda opencl"] [TESTS="tests/ops"] [TESTS_PARALLEL=1] scripts/gpu_check.sh
 #          [tests|bench|models|onnx|llm|all]
 #          [pytest args...]
 set -u
@@ -62,10 +62,10 @@ if [ "$what" = llm ] || [ "$what" = all ]; then
   for quant in ${LLM_QUANTS:-f16 q8 q4}; do
     for device in ${LLM_DEVICES:-cuda opencl webgpu}; do
       compare=""
-      [ "$device" = cuda ] && compare="--compare torch"
+      [ "$device" = cuda ] && compare=${LLM_COMPARE---compare torch}
       timeout "${BENCH_TIMEOUT:-540}" python3 -m anygpu.cli.main bench llm \
-        --config ${LLM_CONFIG:-llama-2-7b} --quant "$quant" --device "$device" $compare 2>&1 \
-        | tee -a "$out/bench-llm.txt" || status=1
+        --config ${LLM_CONFIG:-llama-2-7b} --quant "$quant" --device "$device" $compare \
+        ${LLM_ARGS:-} 2>&1 | tee -a "$out/bench-llm.txt" || status=1
     done
   done
 fi
@@ -91,10 +91,24 @@ if [ "$what" = onnx ] || [ "$what" = all ]; then
   tail -n 4 "$out"/onnx-nodes-*.txt
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  for backend in ${BACKENDS:-cuda opencl webgpu}; do
-    ANYGPU_TEST_DEVICES=$backend timeout "${TEST_TIMEOUT:-400}" python3 -m pytest ${TESTS:-tests} -q \
-      -p no:cacheprovider "$@" 2>&1 | tee "$out/tests-$backend.txt" | tail -n 30
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  done
+  if [ -n "${TESTS_PARALLEL:-}" ]; then
+    # every backend at once, each in its own pytest (give each a share of the cores with -n)
+    for backend in ${BACKENDS:-cuda opencl webgpu}; do
+      ANYGPU_TEST_DEVICES=$backend timeout "${TEST_TIMEOUT:-400}" python3 -m pytest ${TESTS:-tests} \
+        -q -p no:cacheprovider "$@" >"$out/tests-$backend.txt" 2>&1 &
+    done
+    wait
+    for backend in ${BACKENDS:-cuda opencl webgpu}; do
+      echo "== $backend"; tail -n 25 "$out/tests-$backend.txt"
+      tail -n 1 "$out/tests-$backend.txt" | grep -q -E "passed" || status=1
+      grep -q -E "[0-9]+ failed" "$out/tests-$backend.txt" && status=1
+    done
+  else
+    for backend in ${BACKENDS:-cuda opencl webgpu}; do
+      ANYGPU_TEST_DEVICES=$backend timeout "${TEST_TIMEOUT:-400}" python3 -m pytest ${TESTS:-tests} \
+        -q -p no:cacheprovider "$@" 2>&1 | tee "$out/tests-$backend.txt" | tail -n 30
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    done
+  fi
 fi
 exit $status

@@ -23,7 +23,7 @@ from anygpu.codegen import ir, lower
 from anygpu.codegen.templates import gemm
 from anygpu.codegen.render.cstyle import render
 from anygpu.codegen.render.wgsl import launch_groups
-from anygpu.dtype import DType, bfloat16, float16
+from anygpu.dtype import DType, bfloat16, float16, float32
 from anygpu.dtype import int32 as dt_int32
 from anygpu.graph.lazy import (Lazy, contiguous_run, is_boundary, is_view_of_buffer,
                                pending_readers)
@@ -257,6 +257,15 @@ def _dialect(device: str) -> str:
     return get_device(device).dialect
 
 
+def _tiled_product(node: Lazy) -> bool:
+    """Whether the sum ``node`` of a product is a matrix product the GPU's GEMM templates tile:
+    two output axes of 32 or more (a decode step's matrix-vector products have one) and at
+    least 2M multiply-adds."""
+    product = node.srcs[0]
+    wide = [s for a, s in enumerate(product.shape) if a not in node.arg and s >= 32]
+    return len(wide) >= 2 and product.numel >= 1 << 21
+
+
 def _operand_cost(node: Lazy, root: Lazy, limit: int) -> int:
     """The elementwise work a kernel computing ``root`` would fuse under ``node``, per element
     (up to ``limit``: the walk stops there). Work on fewer elements broadcast to the operand's
@@ -289,6 +298,15 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
     # computed inside the product keeps it a compiled reduction (a decode step of 8 sequences
     # summed TinyLlama's down projection at 0.8 GB/s, its SiLU recomputed for every output)
     blas = on_cpu and not cpu and len(product.shape) < 5
+    # on GPUs, a matrix product with rows and columns enough for the GEMM templates' tiles
+    # (not a convolution: its operand is the input's windows, which storing would unfold)
+    tiled = not on_cpu and len(product.shape) < 5 and _tiled_product(node)
+    # the tensor-core template streams operands that are plain buffers from memory; a computed
+    # one (RMSNorm's output before the query, key and value projections) left an f16 product
+    # on the SIMT template at 20 TFLOP/s (a Llama-2-7B prefill of 512 tokens on an H200)
+    streamed = tiled and _dialect(root.device) == "cuda" and (
+        product.dtype in (float16, bfloat16) or
+        product.dtype == float32 and get_float32_matmul_precision() != "highest")
     operands: list[Lazy] = []
     for side in product.srcs:
         if side.op is not Op.EXPAND or side.realized:
@@ -303,17 +321,19 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
                 break
             below = below.srcs[0]
         operands.append(below)
-    if blas:
+    if blas or tiled:
         # other products summed beside this one in the same loop (SwiGLU's gate and up) are
-        # stored by kernels of their own: each is then one BLAS call, not a stage of a
-        # compiled reduction
+        # stored by kernels of their own: each is then one BLAS call or one tiled GEMM, not a
+        # stage of a compiled reduction (on an H200 the pair ran as one such reduction at
+        # 1 GB/s, 98% of a Llama-2-7B prefill)
         for other in lower.first_reduces(root):
             if other is not node and other.op is Op.SUM and other.srcs[0].op is Op.MUL and \
-                    other.srcs[0].numel >= 1 << 21 and not is_boundary(other, root):
+                    other.srcs[0].numel >= 1 << 21 and not is_boundary(other, root) and \
+                    (blas or _tiled_product(other)):
                 other.keep = True
     for below in operands:
         limit = _FUSED_OPERAND_COST if not cpu else _FUSED_OPERAND_COST_CPU
-        if blas and all(below.numel <= other.numel for other in operands):
+        if (blas or streamed) and all(below.numel <= other.numel for other in operands):
             limit = 1  # the smaller side (activations, not weights dequantized in the loads)
         if below.op in ELEMENTWISE and not is_boundary(below, root) and \
                 _operand_cost(below, root, limit) >= limit:
@@ -564,6 +584,9 @@ def device_features(device: Device) -> dict:
                 "max_shared": extra.get("max_shared", 48 * 1024)}
     if extra.get("subgroup") and config.get().subgroups:
         features["subgroup"] = extra["subgroup"]
+    if device.dialect == "wgsl" and device.info.is_cpu:
+        # processor adapters divide as IEEE does (see render.wgsl.DIV_HELPER)
+        features["exact_division"] = True
     return features
 
 
@@ -585,7 +608,7 @@ def _lower(item: KernelItem, device: Device, features: dict,
         device.check_dtype(p.dtype)
     lowering = time.perf_counter()
     kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size, features)
-    source = render(kernel, device.dialect)
+    source = render(kernel, device.dialect, features)
     if "options" in kernel.meta:  # a template kernel: a tuned configuration may replace it
         kernel, source = tune.choose(device, ast, kernel, source, features, inputs or [])
     if config.get().debug >= 2:

@@ -220,8 +220,8 @@ def _measure(prefill: Callable[[], Any], step: Callable[[Any], Any], decode_toke
     return first, prefill_times, decode_times
 
 
-def _measure_anygpu(lm: Any, prompts: list[list[int]], decode_tokens: int
-                    ) -> tuple[float, list[float], list[float]]:
+def _measure_anygpu(lm: Any, prompts: list[list[int]], decode_tokens: int,
+                    profile: str | None = None) -> tuple[float, list[float], list[float]]:
     """``_measure`` of ``lm`` on one prompt per slot: prefilled together, then decoded
     together, each step choosing every slot's next token greedily on the host, as generation
     does."""
@@ -233,12 +233,34 @@ def _measure_anygpu(lm: Any, prompts: list[list[int]], decode_tokens: int
     def step(tokens: dict[int, int]) -> dict[int, int]:
         return {slot: int(np.argmax(row)) for slot, row in lm.decode_batch(tokens).items()}
 
-    return _measure(prefill, step, decode_tokens)
+    times = _measure(prefill, step, decode_tokens)
+    if profile:
+        import anygpu as ag
+
+        captured = lm._decode
+        for part, run in (("prefill", prefill), ("decode", None)):
+            with ag.profile() as prof:
+                if run is not None:
+                    tokens = run()
+                else:
+                    # run plainly, not replayed as one graph, so that each kernel is timed
+                    lm._decode = lm.model.forward
+                    try:
+                        for _ in range(3):
+                            tokens = step(tokens)
+                    finally:
+                        lm._decode = captured
+            print(f"{part} ({'one prompt run' if run else 'three decode steps, not captured'}):")
+            print(prof.summary())
+            path = profile.replace(".json", f"-{part}.json")
+            prof.export_chrome_trace(path)
+            print(f"trace written to {path} (open it in ui.perfetto.dev)")
+    return times
 
 
 def run_anygpu(config: str, quant: str, device: str, prompt_len: int, decode_tokens: int,
                max_seq_len: int, copy_mib: int, batch: int = 1, page_size: int | None = None,
-               cache_tokens: int | None = None) -> Row:
+               cache_tokens: int | None = None, profile: str | None = None) -> Row:
     import anygpu as ag
     from anygpu.llm.config import ModelConfig
     from anygpu.llm.engine import LanguageModel
@@ -265,7 +287,8 @@ def run_anygpu(config: str, quant: str, device: str, prompt_len: int, decode_tok
     prompts = [rng.integers(0, cfg.vocab_size, prompt_len).tolist() for _ in range(batch)]
     label = f"anygpu llm {config} {quant} on {dev.name}"
     before = len(dev._programs)
-    first, prefill_times, decode_times = _measure_anygpu(lm, prompts, decode_tokens)
+    first, prefill_times, decode_times = _measure_anygpu(lm, prompts, decode_tokens,
+                                                         profile)
     print(f"{label}: first prefill {first:.2f} s, {len(dev._programs) - before} kernels "
           "compiled (prefill and decode)", file=sys.stderr)
     del lm
@@ -406,6 +429,9 @@ def add_parser(modes: Any) -> None:
                    help="size of the copy that measures the copy rate")
     p.add_argument("--compare", choices=("torch",), help="run transformers beside, same device")
     p.add_argument("--json", action="store_true", help="one JSON object per row")
+    p.add_argument("--profile", metavar="TRACE",
+                   help="profile a prefill and three decode steps: print the summaries, write "
+                        "Chrome traces (TRACE with -prefill and -decode before .json)")
     p.set_defaults(func=main)
 
 
@@ -423,7 +449,8 @@ def main(args: argparse.Namespace) -> int:
                          f"({needed})")
     device = ag.get_device(args.device).name
     row = run_anygpu(args.config, args.quant, device, args.prompt_len, args.decode_tokens,
-                     max_seq_len, args.copy_mib, args.batch, args.page_size, args.cache_tokens)
+                     max_seq_len, args.copy_mib, args.batch, args.page_size, args.cache_tokens,
+                     args.profile)
     rows = [row]
     if args.compare == "torch" and args.batch > 1:
         raise SystemExit("anygpu bench llm: --compare torch runs one sequence; leave --batch "

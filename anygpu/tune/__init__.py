@@ -201,7 +201,7 @@ def choose(device: Device, ast: lower.KernelAST, kernel: ir.Kernel, source: str,
 def _build(device: Device, ast: lower.KernelAST, features: dict,
            options: Any) -> tuple[ir.Kernel, str]:
     kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size, features, options)
-    return kernel, render(kernel, device.dialect)
+    return kernel, render(kernel, device.dialect, features)
 
 
 def _groups(device: Device, kernel: ir.Kernel) -> tuple[int, ...]:

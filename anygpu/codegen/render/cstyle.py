@@ -50,7 +50,9 @@ class CStyleRenderer:
     subgroup_ops: dict[str, frozenset[DType]] = {}
     indent_unit = "  "
 
-    def __init__(self) -> None:
+    def __init__(self, features: dict | None = None) -> None:
+        # what the device adds to its dialect (see schedule.device_features)
+        self.features: dict = features or {}
         self.lines: list[str] = []
         self.counter = 0
         self.refs: dict[int, int] = {}
@@ -445,9 +447,10 @@ def _renderer(dialect: str) -> type[CStyleRenderer]:
     return RENDERERS[dialect]
 
 
-def render(kernel: ir.Kernel, dialect: str) -> str:
-    """Source text of ``kernel`` in ``dialect`` ("c", "opencl", "cuda", "hip" or "wgsl")."""
-    return _renderer(dialect)().render(kernel)
+def render(kernel: ir.Kernel, dialect: str, features: dict | None = None) -> str:
+    """Source text of ``kernel`` in ``dialect`` ("c", "opencl", "cuda", "hip" or "wgsl") for a
+    device with ``features`` (see ``schedule.device_features``)."""
+    return _renderer(dialect)(features).render(kernel)
 
 
 def subgroup_reduces(dialect: str, op: str, dtype: DType) -> bool:

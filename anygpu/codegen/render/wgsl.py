@@ -29,13 +29,19 @@ fn sin_reduced(x: f32) -> f32 {
   return sin(((x - k * 6.28125f) - k * 0.0019353071693331003f) - k * 1.0253376273028358e-11f);
 }"""
 
-# a / b as IEEE division gives it. Drivers divide through an approximate reciprocal: 3 / 3 gave
-# 0.99999994 (so the deviation of equal values was not 0), and for |b| > 2^126 the reciprocal
-# flushes to 0 (inf / 3e38 was NaN). Huge divisors are scaled down first, and one step on the
-# exact residual fma(-q, b, a) corrects the quotient. A zero divisor gives its IEEE result from
-# the bits (lavapipe folded x / 0.0 to 0 inside reductions); infinite and NaN divisors, and
-# infinite or NaN quotients, take the plain division.
+# a / b as IEEE division gives it. GPU drivers divide through an approximate reciprocal: 3 / 3
+# gave 0.99999994 (so the deviation of equal values was not 0), and for |b| > 2^126 the
+# reciprocal flushes to 0 (inf / 3e38 was NaN). Huge divisors are scaled down first, and one
+# step on the exact residual fma(-q, b, a) corrects the quotient. NVIDIA's Vulkan compiler saw
+# through the residual of a quotient it had just computed (x / x stayed 1.0000001): the quotient
+# passes through its bits plus ``dz``, a zero the compiler cannot know (set from the invocation's
+# id at the kernel's start). A zero divisor gives its IEEE result from the bits (lavapipe folded
+# x / 0.0 to 0 inside reductions); infinite and NaN divisors, and infinite or NaN quotients,
+# take the plain division. Processor adapters (lavapipe) divide exactly but compute fma as a
+# rounded product and sum, which made the step wrong for 1 / x in one case of seven: they take
+# DIV_PLAIN_HELPER (the zero-divisor case alone).
 DIV_HELPER = """\
+var<private> dz: u32;
 fn div_exact(x: f32, y: f32) -> f32 {
   let inf = 0x7f800000u;
   let xb = bitcast<u32>(x);
@@ -48,9 +54,27 @@ fn div_exact(x: f32, y: f32) -> f32 {
   let s = select(1.0f, 0.25f, abs(y) > 8.5e37f);
   let a = x * s;
   let b = y * s;
-  let q = a / b;
+  let q = bitcast<f32>(bitcast<u32>(a / b) + dz);
   if ((bitcast<u32>(q) & inf) == inf) { return q; }
   return q + fma(-q, b, a) / b;
+}"""
+DIV_PLAIN_HELPER = """\
+fn div_exact(x: f32, y: f32) -> f32 {
+  let inf = 0x7f800000u;
+  let xb = bitcast<u32>(x);
+  if ((bitcast<u32>(y) & 0x7fffffffu) == 0u) {
+    if ((xb & 0x7fffffffu) == 0u || (xb & 0x7fffffffu) > inf) { return bitcast<f32>(0x7fc00000u); }
+    return bitcast<f32>(inf | ((xb ^ bitcast<u32>(y)) & 0x80000000u));
+  }
+  return x / y;
+}"""
+# a < b for floats, false where either is NaN (tested on the bits). NVIDIA's Vulkan compiler
+# assumes no NaN: it turned select(t, 6.0, 6.0 < t || t == 6.0), ReLU6's upper bound, into a
+# minimum, which gave 6 for NaN.
+LT_HELPER = """\
+fn lt_f32(a: f32, b: f32) -> bool {
+  return a < b && (bitcast<u32>(a) & 0x7fffffffu) <= 0x7f800000u &&
+    (bitcast<u32>(b) & 0x7fffffffu) <= 0x7f800000u;
 }"""
 
 FMOD_HELPER = """\
@@ -146,8 +170,12 @@ class WGSLRenderer(CStyleRenderer):
             a = self.expr(e.srcs[0], True)  # x == x, i.e. not NaN: on the bits (see max)
             return f"((bitcast<u32>({a}) & 0x7fffffffu) <= 0x7f800000u)"
         if e.op == "div" and e.dtype.is_float:
-            self.helpers.add(DIV_HELPER)
+            self.helpers.add(DIV_PLAIN_HELPER if self.features.get("exact_division")
+                             else DIV_HELPER)
             return f"div_exact({self.expr(e.srcs[0])}, {self.expr(e.srcs[1])})"
+        if e.op == "lt" and e.srcs[0].dtype.is_float:
+            self.helpers.add(LT_HELPER)
+            return f"lt_f32({self.expr(e.srcs[0])}, {self.expr(e.srcs[1])})"
         if e.op == "lt" and e.srcs[0].dtype == bool_:  # WGSL orders no bools: false < true
             a, b = self.expr(e.srcs[0]), self.expr(e.srcs[1])
             return f"((!{a}) && {b})"
@@ -244,6 +272,8 @@ class WGSLRenderer(CStyleRenderer):
         head.append(f"fn {kernel.name}(@builtin(workgroup_id) wid: vec3<u32>, "
                     f"@builtin(local_invocation_id) lidv: vec3<u32>{subgroups}) {{")
         head.append(f"  let gidx: i32 = i32(wid.x + wid.y * {MAX_GROUPS_X}u);")
+        if DIV_HELPER in self.helpers:
+            head.append("  dz = lidv.x >> 31u;")
         if kernel.groups > MAX_GROUPS_X:
             head.append(f"  if (gidx >= {kernel.groups}i) {{ return; }}")
         return "\n".join(head + body + ["}", ""])
