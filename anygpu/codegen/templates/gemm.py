@@ -121,6 +121,17 @@ _INT_OPS: dict[str, Callable[[int, int], int]] = {
     "lt": lambda a, b: int(a < b), "max": max}
 
 
+def loads(e: ir.Expr, seen: set[int] | None = None) -> list[ir.Expr]:
+    """The loads in ``e`` (each once; ``seen`` skips those of expressions visited before)."""
+    return _loads(e, [], set() if seen is None else seen)
+
+
+def evaluate(e: ir.Expr, env: dict[str, int]) -> int | None:
+    """An integer index expression at a point (variables not in ``env`` at 0), or None if it
+    uses anything else."""
+    return _evaluate(e, env)
+
+
 def _evaluate(e: ir.Expr, env: dict[str, int]) -> int | None:
     """An integer index expression at a point, or None if it uses anything else."""
     if e.op == "const":
