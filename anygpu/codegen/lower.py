@@ -877,7 +877,9 @@ def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: 
     memory, or through subgroups where the device has them (``_combine_subgroups``). When each
     thread's share of the row is small and fixed, the row is unrolled: every element is loaded
     once and kept in registers for all the stages (softmax reads its input once instead of
-    three times)."""
+    three times). Rows that read the same large operand (``_shared_rows``: a decode step's
+    sequences, each a matrix-vector product with the same weights) share a work-group, each
+    element of the operand loaded once for all of them."""
     dt = ast.index_dtype
     local = min(256, _pow2_at_most(max_local), 1 << max(red_total - 1, 1).bit_length())
     lid, step = ir.special("lid"), ir.const(local, dt)
@@ -888,36 +890,52 @@ def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: 
         for j in range(per_thread):
             flat = ir.alu("add", ir.const(j * local, dt), lid)
             subs.append(_reduce_index(ast, flat))
-    body: list[ir.Stmt] = _decompose(ir.special("gid"), ast.outer)
+    shared = _shared_rows(ast, outer_total)
+    rows = [{}] if shared is None else \
+        [{shared[0]: ir.const(i, dt)} for i in range(shared[1])]
+    outer = [d for d in ast.outer if shared is None or d[0] != shared[0]]
+    body: list[ir.Stmt] = _decompose(ir.special("gid"), outer)
+    renames: list[dict[str, ir.Expr]] = [dict(row) for row in rows]  # for the store
     for k, stage in enumerate(ast.stages):
-        acc, lmem = f"acc{k}", f"lmem{k}"
-        accv = ir.var(acc, stage.dtype)
         op = REDUCE_ALU[stage.op]
-        combine = _combine_subgroups(stage, k, local, subgroup) \
-            if subgroup and subgroup_reduces(dialect, op, stage.dtype) else None
-        if combine is None:
-            body.append(ir.LocalArray(lmem, stage.dtype, local))
-        body.append(ir.Decl(acc, stage.dtype, reduce_identity(stage.op, stage.dtype)))
+        # accumulator k * len(rows) + i is stage k's for row i
+        numbers = [k * len(rows) + i for i in range(len(rows))]
+        values = [ir.substitute(stage.value, row) for row in rows]
+        for i, n in enumerate(numbers):
+            renames[i][f"acc{k}"] = ir.var(f"acc{n}", stage.dtype)
+            body.append(ir.Decl(f"acc{n}", stage.dtype, reduce_identity(stage.op, stage.dtype)))
         if unrolled:
             for mapping in subs:
-                value = ir.substitute(stage.value, mapping)
-                body.append(ir.Assign(acc, ir.alu(op, accv, value)))
+                for n, value in zip(numbers, values):
+                    accv = ir.var(f"acc{n}", stage.dtype)
+                    body.append(ir.Assign(f"acc{n}", ir.alu(op, accv,
+                                                            ir.substitute(value, mapping))))
         else:
-            body.append(_reduce_loop(ast, lid, step, red_total, [_accumulate(stage, acc)]))
-        if combine is not None:
-            body += combine
-            continue
-        body += [ir.Store(lmem, lid, accv), ir.Barrier()]
-        s = local // 2
-        while s > 0:
-            partner = ir.load(lmem, stage.dtype, ir.alu("add", lid, ir.const(s, dt)))
-            mine = ir.load(lmem, stage.dtype, lid)
-            body += [ir.If(ir.alu("lt", lid, ir.const(s, dt)),
-                           [ir.Store(lmem, lid, ir.alu(op, mine, partner))]), ir.Barrier()]
-            s //= 2
-        body += [ir.Assign(acc, ir.load(lmem, stage.dtype, ir.const(0, dt))), ir.Barrier()]
+            body.append(_reduce_loop(ast, lid, step, red_total, [
+                ir.Assign(f"acc{n}", ir.alu(op, ir.var(f"acc{n}", stage.dtype), value))
+                for n, value in zip(numbers, values)]))
+        for n in numbers:
+            acc, lmem = f"acc{n}", f"lmem{n}"
+            accv = ir.var(acc, stage.dtype)
+            combine = _combine_subgroups(stage, n, local, subgroup) \
+                if subgroup and subgroup_reduces(dialect, op, stage.dtype) else None
+            if combine is not None:
+                body += combine
+                continue
+            body.append(ir.LocalArray(lmem, stage.dtype, local))
+            body += [ir.Store(lmem, lid, accv), ir.Barrier()]
+            s = local // 2
+            while s > 0:
+                partner = ir.load(lmem, stage.dtype, ir.alu("add", lid, ir.const(s, dt)))
+                mine = ir.load(lmem, stage.dtype, lid)
+                body += [ir.If(ir.alu("lt", lid, ir.const(s, dt)),
+                               [ir.Store(lmem, lid, ir.alu(op, mine, partner))]), ir.Barrier()]
+                s //= 2
+            body += [ir.Assign(acc, ir.load(lmem, stage.dtype, ir.const(0, dt))), ir.Barrier()]
     if ast.reduced_output:
-        body.append(ir.If(ir.alu("eq", lid, ir.const(0, dt)), [store]))
+        stores = [ir.Store("b0", ir.substitute(store.index, r), ir.substitute(store.value, r))
+                  for r in renames] if shared is not None else [store]
+        body.append(ir.If(ir.alu("eq", lid, ir.const(0, dt)), stores))
     elif unrolled:
         for mapping in subs:
             body.append(ir.Store("b0", ir.substitute(store.index, mapping),
@@ -927,7 +945,50 @@ def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: 
     # local arrays are declared at the top of the kernel (OpenCL and WGSL need that)
     arrays = [s for s in body if isinstance(s, ir.LocalArray)]
     rest = [s for s in body if not isinstance(s, ir.LocalArray)]
-    return ir.Kernel(name, params, arrays + rest, outer_total, local, {"bytes": kernel_bytes(ast)})
+    groups = outer_total // (1 if shared is None else shared[1])
+    return ir.Kernel(name, params, arrays + rest, groups, local, {"bytes": kernel_bytes(ast)})
+
+
+# at most this many rows share a work-group's loads of a large operand (each its own
+# accumulators and combine)
+MAX_SHARED_ROWS = 16
+
+
+def _shared_rows(ast: KernelAST, outer_total: int) -> tuple[str, int] | None:
+    """An output axis (name, size) whose rows a work-group computes together: of at most
+    MAX_SHARED_ROWS, ignored by every load of the kernel's largest input, the other inputs
+    small beside it, and enough work-groups left for the device. None where there is none."""
+    if not ast.reduced_output:
+        return None
+    sizes = {f"b{i + 1}": n.numel * n.dtype.itemsize for i, n in enumerate(ast.inputs)}
+    loads = [ld for stage in ast.stages for ld in gemm.loads(stage.value)]
+    if not loads or any(_names(stage.value) & {f"acc{k}" for k in range(len(ast.stages))}
+                        for stage in ast.stages):
+        return None  # (a stage reading another's result: softmax's sum of exp(x - max))
+    largest = max(sizes.get(ld.arg, 0) for ld in loads)
+    big = [ld for ld in loads if sizes.get(ld.arg, 0) == largest]
+    if sum(sizes.values()) - largest > largest // 4:
+        return None
+    used = frozenset().union(*(_names(ld.srcs[0]) for ld in big))
+    for name, size, _ in ast.outer:
+        if 2 <= size <= MAX_SHARED_ROWS and name not in used and outer_total // size >= 256:
+            return name, size
+    return None
+
+
+def _names(e: ir.Expr) -> frozenset[str]:
+    """The variables ``e`` reads."""
+    found: set[str] = set()
+    stack, seen = [e], set()
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x.op == "var":
+            found.add(x.arg)
+        stack.extend(x.srcs)
+    return frozenset(found)
 
 
 def _combine_subgroups(stage: Stage, k: int, local: int,
