@@ -933,8 +933,9 @@ def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: 
                 s //= 2
             body += [ir.Assign(acc, ir.load(lmem, stage.dtype, ir.const(0, dt))), ir.Barrier()]
     if ast.reduced_output:
-        stores = [ir.Store("b0", ir.substitute(store.index, r), ir.substitute(store.value, r))
-                  for r in renames] if shared is not None else [store]
+        stores: list[ir.Stmt] = [
+            ir.Store("b0", ir.substitute(store.index, r), ir.substitute(store.value, r))
+            for r in renames] if shared is not None else [store]
         body.append(ir.If(ir.alu("eq", lid, ir.const(0, dt)), stores))
     elif unrolled:
         for mapping in subs:
@@ -965,13 +966,14 @@ def _shared_rows(ast: KernelAST, outer_total: int) -> tuple[str, int] | None:
     if not loads or any(_names(stage.value) & {f"acc{k}" for k in range(len(ast.stages))}
                         for stage in ast.stages):
         return None  # (a stage reading another's result: softmax's sum of exp(x - max))
-    largest = max(sizes.get(ld.arg, 0) for ld in loads)
-    big = [ld for ld in loads if sizes.get(ld.arg, 0) == largest]
-    if sum(sizes.values()) - largest > largest // 4:
-        return None
-    used = frozenset().union(*(_names(ld.srcs[0]) for ld in big))
     for name, size, _ in ast.outer:
-        if 2 <= size <= MAX_SHARED_ROWS and name not in used and outer_total // size >= 256:
+        if not 2 <= size <= MAX_SHARED_ROWS or outer_total // size < 256:
+            continue
+        # the inputs each row reads on its own must be small beside those the rows share
+        own = {ld.arg for ld in loads if name in _names(ld.srcs[0])}
+        mine = sum(sizes.get(b, 0) for b in own)
+        shared = sum(sizes.get(b, 0) for b in {ld.arg for ld in loads} - own)
+        if shared >= 4 * mine:
             return name, size
     return None
 
