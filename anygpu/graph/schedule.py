@@ -259,11 +259,19 @@ def _dialect(device: str) -> str:
 
 def _tiled_product(node: Lazy) -> bool:
     """Whether the sum ``node`` of a product is a matrix product the GPU's GEMM templates tile:
-    two output axes of 32 or more (a decode step's matrix-vector products have one) and at
-    least 2M multiply-adds."""
+    32 or more rows and columns (a decode step's matrix-vector products have one row per
+    sequence; a convolution's rows are its batch and pixels) and at least 2M multiply-adds."""
     product = node.srcs[0]
-    wide = [s for a, s in enumerate(product.shape) if a not in node.arg and s >= 32]
-    return len(wide) >= 2 and product.numel >= 1 << 21
+    if product.numel < 1 << 21 or len(product.srcs) != 2:
+        return False
+    extent = [1, 1]  # rows (the axes the second factor is broadcast along), columns
+    for a, size in enumerate(product.shape):
+        if a in node.arg or size == 1:
+            continue
+        for i, side in enumerate(product.srcs):
+            if side.op is Op.EXPAND and side.srcs[0].shape[a] == 1:
+                extent[1 - i] *= size
+    return min(extent) >= 32
 
 
 def _operand_cost(node: Lazy, root: Lazy, limit: int) -> int:
@@ -298,13 +306,13 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
     # computed inside the product keeps it a compiled reduction (a decode step of 8 sequences
     # summed TinyLlama's down projection at 0.8 GB/s, its SiLU recomputed for every output)
     blas = on_cpu and not cpu and len(product.shape) < 5
-    # on GPUs, a matrix product with rows and columns enough for the GEMM templates' tiles
-    # (not a convolution: its operand is the input's windows, which storing would unfold)
-    tiled = not on_cpu and len(product.shape) < 5 and _tiled_product(node)
+    # on GPUs, a product with rows and columns enough for the GEMM templates' tiles
+    tiled = not on_cpu and _tiled_product(node)
     # the tensor-core template streams operands that are plain buffers from memory; a computed
     # one (RMSNorm's output before the query, key and value projections) left an f16 product
-    # on the SIMT template at 20 TFLOP/s (a Llama-2-7B prefill of 512 tokens on an H200)
-    streamed = tiled and _dialect(root.device) == "cuda" and (
+    # on the SIMT template at 20 TFLOP/s (a Llama-2-7B prefill of 512 tokens on an H200). Not
+    # a convolution's: its operand is the input's windows, which storing would unfold
+    streamed = tiled and len(product.shape) < 5 and _dialect(root.device) == "cuda" and (
         product.dtype in (float16, bfloat16) or
         product.dtype == float32 and get_float32_matmul_precision() != "highest")
     operands: list[Lazy] = []
@@ -322,10 +330,11 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
             below = below.srcs[0]
         operands.append(below)
     if blas or tiled:
-        # other products summed beside this one in the same loop (SwiGLU's gate and up) are
-        # stored by kernels of their own: each is then one BLAS call or one tiled GEMM, not a
-        # stage of a compiled reduction (on an H200 the pair ran as one such reduction at
-        # 1 GB/s, 98% of a Llama-2-7B prefill)
+        # other products summed beside this one in the same loop (SwiGLU's gate and up, the
+        # last convolutions of residual blocks in a chain) are stored by kernels of their
+        # own: each is then one BLAS call or one tiled GEMM, not a stage of a compiled
+        # reduction (on an H200 SwiGLU's pair ran as one such reduction at 1 GB/s, 98% of a
+        # Llama-2-7B prefill, and ResNet-50's chained 1x1 convolutions took 96% of its time)
         for other in lower.first_reduces(root):
             if other is not node and other.op is Op.SUM and other.srcs[0].op is Op.MUL and \
                     other.srcs[0].numel >= 1 << 21 and not is_boundary(other, root) and \
