@@ -71,3 +71,24 @@ def test_matmul_errors(device: str) -> None:
         a.matmul([[1.0]] * 4)
     with pytest.raises(ValueError, match="cannot be broadcast"):
         ag.zeros(2, 3, 4, device=device) @ ag.zeros(3, 4, 5, device=device)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16, 17])
+def test_matrix_vector_products_of_long_rows(device: str, rows: int) -> None:
+    """Decode-shaped products ``x @ W.T``: rows of 1024 or more summed by a few threads each,
+    several rows (sequences) reading each weight once where they can (up to 16), and two
+    products summed in one loop (SwiGLU's gate and up), against NumPy."""
+    rng = np.random.default_rng()
+    k, n = 1536, 1024
+    x = rng.standard_normal((rows, 1, k)).astype(np.float32)
+    wg, wu = (rng.standard_normal((n, k)).astype(np.float32) / np.float32(40) for _ in range(2))
+    tx, tg, tu = (ag.tensor(a, device=device) for a in (x, wg, wu))
+    np.testing.assert_allclose((tx @ tg.T).numpy(), x @ wg.T, rtol=1e-4, atol=1e-4)
+    gate, up = x @ wg.T, x @ wu.T
+    want = gate / (1 + np.exp(-gate)) * up
+    got = ((tx @ tg.T).silu() * (tx @ tu.T)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    if ag.get_device(device).supports(ag.float16):
+        h = tx.cast(ag.float16) @ tg.cast(ag.float16).T
+        ref = x.astype(np.float16).astype(np.float32) @ wg.astype(np.float16).astype(np.float32).T
+        np.testing.assert_allclose(h.float().numpy(), ref, rtol=2e-2, atol=2e-2)
