@@ -919,22 +919,12 @@ def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: 
                 for n, value in zip(numbers, values)]))
         for n in numbers:
             acc, lmem = f"acc{n}", f"lmem{n}"
-            accv = ir.var(acc, stage.dtype)
             combine = _combine_subgroups(stage, n, local, subgroup) \
                 if subgroup and subgroup_reduces(dialect, op, stage.dtype) else None
             if combine is not None:
                 body += combine
                 continue
-            body.append(ir.LocalArray(lmem, stage.dtype, local))
-            body += [ir.Store(lmem, lid, accv), ir.Barrier()]
-            s = local // 2
-            while s > 0:
-                partner = ir.load(lmem, stage.dtype, ir.alu("add", lid, ir.const(s, dt)))
-                mine = ir.load(lmem, stage.dtype, lid)
-                body += [ir.If(ir.alu("lt", lid, ir.const(s, dt)),
-                               [ir.Store(lmem, lid, ir.alu(op, mine, partner))]), ir.Barrier()]
-                s //= 2
-            body += [ir.Assign(acc, ir.load(lmem, stage.dtype, ir.const(0, dt))), ir.Barrier()]
+            body += _local_combine(acc, lmem, stage.dtype, op, local, lid, ir.const(0, dt), dt)
     if ast.reduced_output:
         stores: list[ir.Stmt] = [
             ir.Store("b0", ir.substitute(store.index, r), ir.substitute(store.value, r))
@@ -1017,17 +1007,8 @@ def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store
             if shuffles:
                 body.append(ir.Assign(acc, ir.subgroup_reduce(op, accv, SEGMENT)))
                 continue
-            body += [ir.LocalArray(lmem, stage.dtype, local), ir.Store(lmem, lid, accv),
-                     ir.Barrier()]
-            s = SEGMENT // 2
-            while s > 0:
-                partner = ir.load(lmem, stage.dtype, ir.alu("add", lid, ir.const(s, dt)))
-                mine = ir.load(lmem, stage.dtype, lid)
-                body += [ir.If(ir.alu("lt", lane, ir.const(s, dt)),
-                               [ir.Store(lmem, lid, ir.alu(op, mine, partner))]), ir.Barrier()]
-                s //= 2
-            body += [ir.Assign(acc, ir.load(lmem, stage.dtype, ir.alu("sub", lid, lane))),
-                     ir.Barrier()]
+            body += _local_combine(acc, lmem, stage.dtype, op, local, lane,
+                                   ir.alu("sub", lid, lane), dt, SEGMENT)
     stores: list[ir.Stmt] = [
         ir.Store("b0", ir.substitute(store.index, r), ir.substitute(store.value, r))
         for r in renames]
@@ -1079,6 +1060,25 @@ def _names(e: ir.Expr) -> frozenset[str]:
             found.add(x.arg)
         stack.extend(x.srcs)
     return frozenset(found)
+
+
+def _local_combine(acc: str, lmem: str, dtype: DType, op: str, local: int, lane: ir.Expr,
+                   first: ir.Expr, dt: DType, width: int | None = None) -> list[ir.Stmt]:
+    """Statements that leave in ``acc`` the combination of the ``acc`` of each aligned run of
+    ``width`` threads (the whole work-group where None), through the local array ``lmem``:
+    halving steps of the threads whose ``lane`` (position in the run) is in the lower half,
+    then each thread reads its run's first slot, ``first`` (``dt``: the index type)."""
+    lid = ir.special("lid")
+    out: list[ir.Stmt] = [ir.LocalArray(lmem, dtype, local),
+                          ir.Store(lmem, lid, ir.var(acc, dtype)), ir.Barrier()]
+    s = (width or local) // 2
+    while s > 0:
+        partner = ir.load(lmem, dtype, ir.alu("add", lid, ir.const(s, dt)))
+        mine = ir.load(lmem, dtype, lid)
+        out += [ir.If(ir.alu("lt", lane, ir.const(s, dt)),
+                      [ir.Store(lmem, lid, ir.alu(op, mine, partner))]), ir.Barrier()]
+        s //= 2
+    return out + [ir.Assign(acc, ir.load(lmem, dtype, first)), ir.Barrier()]
 
 
 def _combine_subgroups(stage: Stage, k: int, local: int,
