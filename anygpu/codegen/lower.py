@@ -506,7 +506,8 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
     # per 9-element row ran max pooling at 26 GB/s
     short_rows = red_total <= 32 and outer_total >= 8192
     contiguous = ast.dims[-1][2] or reduce_is_contiguous(ast)
-    if contiguous and _segments_fit(ast, outer_total, red_total, max_local):
+    if contiguous and _segments_fit(ast, outer_total, red_total, max_local,
+                                    features.get("subgroup")):
         return _segment_per_output(ast, name, params, store, outer_total, red_total, max_local,
                                    dialect, features.get("subgroup"))
     if (contiguous and not short_rows or outer_total < 2048) and outer_total > 0:
@@ -893,7 +894,10 @@ def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: 
         for j in range(per_thread):
             flat = ir.alu("add", ir.const(j * local, dt), lid)
             subs.append(_reduce_index(ast, flat))
-    shared = _shared_rows(ast, outer_total)
+    # each accumulator's combine takes an array of ``local`` values, except through a warp's
+    # shuffles (an array of a value per warp)
+    full_arrays = not isinstance(subgroup, int)
+    shared = _shared_rows(ast, outer_total, _row_limit(ast, local, full_arrays))
     rows = [{}] if shared is None else \
         [{shared[0]: ir.const(i, dt)} for i in range(shared[1])]
     outer = [d for d in ast.outer if shared is None or d[0] != shared[0]]
@@ -947,13 +951,20 @@ def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: 
 SEGMENT = 32
 
 
-def _segments_fit(ast: KernelAST, outer_total: int, red_total: int, max_local: int) -> bool:
+def _segment_row_limit(ast: KernelAST, local: int, subgroup: int | str | None) -> int:
+    """``_row_limit`` for ``_segment_per_output``: its segments combine by shuffles where the
+    device has warps of SEGMENT lanes or more, else through an array of ``local`` values."""
+    return _row_limit(ast, local, not (isinstance(subgroup, int) and subgroup >= SEGMENT))
+
+
+def _segments_fit(ast: KernelAST, outer_total: int, red_total: int, max_local: int,
+                  subgroup: int | str | None) -> bool:
     """Whether ``_segment_per_output`` computes the kernel: long rows summed into one value
     each, of outputs enough to fill work-groups of several segments evenly, the stages
     independent of each other."""
     local = min(256, _pow2_at_most(max_local))
     per_group = local // SEGMENT
-    shared = _shared_rows(ast, outer_total)
+    shared = _shared_rows(ast, outer_total, _segment_row_limit(ast, local, subgroup))
     outputs = outer_total // (shared[1] if shared else 1)
     return (ast.reduced_output and red_total >= 1024 and per_group >= 2 and
             outputs % per_group == 0 and outputs >= 64 * per_group and
@@ -976,7 +987,7 @@ def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store
     local = min(256, _pow2_at_most(max_local))
     per_group = local // SEGMENT
     lid = ir.special("lid")
-    shared = _shared_rows(ast, outer_total)
+    shared = _shared_rows(ast, outer_total, _segment_row_limit(ast, local, subgroup))
     rows = [{}] if shared is None else \
         [{shared[0]: ir.const(i, dt)} for i in range(shared[1])]
     outer = [d for d in ast.outer if shared is None or d[0] != shared[0]]
@@ -1022,9 +1033,23 @@ def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store
 # at most this many rows share a work-group's loads of a large operand (each its own
 # accumulators and combine)
 MAX_SHARED_ROWS = 16
+# local memory that the combines of shared rows may take, where each accumulator combines
+# through an array of a float per thread (WebGPU guarantees 16 KiB in all)
+SHARED_ROWS_LOCAL_BYTES = 8192
 
 
-def _shared_rows(ast: KernelAST, outer_total: int) -> tuple[str, int] | None:
+def _row_limit(ast: KernelAST, local: int, arrays: bool) -> int:
+    """The most rows a work-group of ``local`` threads may share: MAX_SHARED_ROWS, fewer where
+    each of its accumulators (a row's, per stage) combines through an array of ``local``
+    values (``arrays``), so that they fit SHARED_ROWS_LOCAL_BYTES."""
+    if not arrays:
+        return MAX_SHARED_ROWS
+    per_row = sum(local * stage.dtype.itemsize for stage in ast.stages)
+    return min(MAX_SHARED_ROWS, SHARED_ROWS_LOCAL_BYTES // max(per_row, 1))
+
+
+def _shared_rows(ast: KernelAST, outer_total: int,
+                 most: int = MAX_SHARED_ROWS) -> tuple[str, int] | None:
     """An output axis (name, size) whose rows a work-group computes together: of at most
     MAX_SHARED_ROWS, ignored by every load of the kernel's largest input, the other inputs
     small beside it, and enough work-groups left for the device. None where there is none."""
@@ -1036,7 +1061,7 @@ def _shared_rows(ast: KernelAST, outer_total: int) -> tuple[str, int] | None:
                         for stage in ast.stages):
         return None  # (a stage reading another's result: softmax's sum of exp(x - max))
     for name, size, _ in ast.outer:
-        if not 2 <= size <= MAX_SHARED_ROWS or outer_total // size < 256:
+        if not 2 <= size <= most or outer_total // size < 256:
             continue
         # the inputs each row reads on its own must be small beside those the rows share
         own = {ld.arg for ld in loads if name in _names(ld.srcs[0])}
