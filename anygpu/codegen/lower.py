@@ -1051,8 +1051,9 @@ def _row_limit(ast: KernelAST, local: int, arrays: bool) -> int:
 def _shared_rows(ast: KernelAST, outer_total: int,
                  most: int = MAX_SHARED_ROWS) -> tuple[str, int] | None:
     """An output axis (name, size) whose rows a work-group computes together: of at most
-    MAX_SHARED_ROWS, ignored by every load of the kernel's largest input, the other inputs
-    small beside it, and enough work-groups left for the device. None where there is none."""
+    ``most`` rows, the inputs each row reads alone (those whose loads use the axis) a quarter or
+    less of the bytes of those the rows share, and enough work-groups left for the device.
+    None where there is none."""
     if not ast.reduced_output:
         return None
     sizes = {f"b{i + 1}": n.numel * n.dtype.itemsize for i, n in enumerate(ast.inputs)}
