@@ -898,19 +898,12 @@ def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: 
     # shuffles (an array of a value per warp)
     full_arrays = not isinstance(subgroup, int)
     shared = _shared_rows(ast, outer_total, _row_limit(ast, local, full_arrays))
-    rows = [{}] if shared is None else \
-        [{shared[0]: ir.const(i, dt)} for i in range(shared[1])]
-    outer = [d for d in ast.outer if shared is None or d[0] != shared[0]]
+    rows, outer = _rows_of(ast, shared, dt)
     body: list[ir.Stmt] = _decompose(ir.special("gid"), outer)
     renames: list[dict[str, ir.Expr]] = [dict(row) for row in rows]  # for the store
     for k, stage in enumerate(ast.stages):
         op = REDUCE_ALU[stage.op]
-        # accumulator k * len(rows) + i is stage k's for row i
-        numbers = [k * len(rows) + i for i in range(len(rows))]
-        values = [ir.substitute(stage.value, row) for row in rows]
-        for i, n in enumerate(numbers):
-            renames[i][f"acc{k}"] = ir.var(f"acc{n}", stage.dtype)
-            body.append(ir.Decl(f"acc{n}", stage.dtype, reduce_identity(stage.op, stage.dtype)))
+        numbers, values = _row_accumulators(stage, k, rows, renames, body)
         if unrolled:
             for mapping in subs:
                 for n, value in zip(numbers, values):
@@ -930,9 +923,7 @@ def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: 
                 continue
             body += _local_combine(acc, lmem, stage.dtype, op, local, lid, ir.const(0, dt), dt)
     if ast.reduced_output:
-        stores: list[ir.Stmt] = [
-            ir.Store("b0", ir.substitute(store.index, r), ir.substitute(store.value, r))
-            for r in renames] if shared is not None else [store]
+        stores: list[ir.Stmt] = _row_stores(store, renames) if shared is not None else [store]
         body.append(ir.If(ir.alu("eq", lid, ir.const(0, dt)), stores))
     elif unrolled:
         for mapping in subs:
@@ -988,9 +979,7 @@ def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store
     per_group = local // SEGMENT
     lid = ir.special("lid")
     shared = _shared_rows(ast, outer_total, _segment_row_limit(ast, local, subgroup))
-    rows = [{}] if shared is None else \
-        [{shared[0]: ir.const(i, dt)} for i in range(shared[1])]
-    outer = [d for d in ast.outer if shared is None or d[0] != shared[0]]
+    rows, outer = _rows_of(ast, shared, dt)
     outputs = outer_total // len(rows)
     lane = ir.var("lane", dt)
     body: list[ir.Stmt] = [
@@ -1002,11 +991,7 @@ def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store
     renames: list[dict[str, ir.Expr]] = [dict(row) for row in rows]
     for k, stage in enumerate(ast.stages):
         op = REDUCE_ALU[stage.op]
-        numbers = [k * len(rows) + i for i in range(len(rows))]
-        values = [ir.substitute(stage.value, row) for row in rows]
-        for i, n in enumerate(numbers):
-            renames[i][f"acc{k}"] = ir.var(f"acc{n}", stage.dtype)
-            body.append(ir.Decl(f"acc{n}", stage.dtype, reduce_identity(stage.op, stage.dtype)))
+        numbers, values = _row_accumulators(stage, k, rows, renames, body)
         body.append(_reduce_loop(ast, lane, ir.const(SEGMENT, dt), red_total, [
             ir.Assign(f"acc{n}", ir.alu(op, ir.var(f"acc{n}", stage.dtype), value))
             for n, value in zip(numbers, values)]))
@@ -1020,14 +1005,40 @@ def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store
                 continue
             body += _local_combine(acc, lmem, stage.dtype, op, local, lane,
                                    ir.alu("sub", lid, lane), dt, SEGMENT)
-    stores: list[ir.Stmt] = [
-        ir.Store("b0", ir.substitute(store.index, r), ir.substitute(store.value, r))
-        for r in renames]
-    body.append(ir.If(ir.alu("eq", lane, ir.const(0, dt)), stores))
+    body.append(ir.If(ir.alu("eq", lane, ir.const(0, dt)), _row_stores(store, renames)))
     arrays = [st for st in body if isinstance(st, ir.LocalArray)]
     rest = [st for st in body if not isinstance(st, ir.LocalArray)]
     return ir.Kernel(name, params, arrays + rest, outputs // per_group, local,
                      {"bytes": kernel_bytes(ast)})
+
+
+def _rows_of(ast: KernelAST, shared: tuple[str, int] | None, dt: DType
+             ) -> tuple[list[dict[str, ir.Expr]], list[tuple[str, int, bool]]]:
+    """The rows a work-group computes (each a mapping of the shared axis to its index; one
+    empty mapping where no rows are shared) and the output axes left to the work-groups."""
+    if shared is None:
+        return [{}], list(ast.outer)
+    return ([{shared[0]: ir.const(i, dt)} for i in range(shared[1])],
+            [d for d in ast.outer if d[0] != shared[0]])
+
+
+def _row_accumulators(stage: Stage, k: int, rows: list[dict[str, ir.Expr]],
+                      renames: list[dict[str, ir.Expr]], body: list[ir.Stmt]
+                      ) -> tuple[list[int], list[ir.Expr]]:
+    """Stage ``k``'s accumulator for each row, numbered ``k * len(rows) + i`` and declared in
+    ``body``, and the stage's value for each row; ``renames[i]`` learns that row ``i``'s
+    ``acc{k}`` is its accumulator (for the store)."""
+    numbers = [k * len(rows) + i for i in range(len(rows))]
+    for i, n in enumerate(numbers):
+        renames[i][f"acc{k}"] = ir.var(f"acc{n}", stage.dtype)
+        body.append(ir.Decl(f"acc{n}", stage.dtype, reduce_identity(stage.op, stage.dtype)))
+    return numbers, [ir.substitute(stage.value, row) for row in rows]
+
+
+def _row_stores(store: ir.Store, renames: list[dict[str, ir.Expr]]) -> list[ir.Stmt]:
+    """The kernel's store for each row, its index and value read through the row's names."""
+    return [ir.Store("b0", ir.substitute(store.index, r), ir.substitute(store.value, r))
+            for r in renames]
 
 
 # at most this many rows share a work-group's loads of a large operand (each its own
