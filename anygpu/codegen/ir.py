@@ -240,8 +240,9 @@ class LocalArray:
 
 @dataclass
 class VecLoad:
-    """Declares ``names`` from consecutive elements ``buf[index + i]`` of a local array, in one
-    vector load where the dialect has one (``index`` is a multiple of ``len(names)``)."""
+    """Declares ``names`` from consecutive elements ``buf[index + i]`` of a local array, or of
+    a kernel parameter (``dtype``: its stored dtype), in one vector load where the dialect has
+    one (``index`` is a multiple of ``len(names)``)."""
 
     names: list[str]
     dtype: DType

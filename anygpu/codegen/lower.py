@@ -23,7 +23,7 @@ from typing import Callable
 from anygpu.codegen import ir, sym
 from anygpu.codegen.render.cstyle import subgroup_reduces
 from anygpu.codegen.templates import gemm, mma
-from anygpu.dtype import DType, float32, int32, int64, min_value
+from anygpu.dtype import DType, bfloat16, float16, float32, int32, int64, min_value, uint32
 from anygpu.graph.lazy import Lazy, is_boundary
 from anygpu.ops.primitives import ELEMENTWISE, MOVEMENT, REDUCE, Op
 
@@ -513,6 +513,9 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
     if (contiguous and not short_rows or outer_total < 2048) and outer_total > 0:
         return _group_per_output(ast, name, params, store, outer_total, red_total, max_local,
                                  dialect, features.get("subgroup"))
+    splits = 1 if contiguous else _column_splits(ast, outer_total, red_total, max_local)
+    if splits > 1:
+        return _split_columns(ast, name, params, store, outer_total, red_total, splits)
     return _thread_per_output(ast, name, params, store, outer_total, red_total, max_local)
 
 
@@ -942,6 +945,119 @@ def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: 
 SEGMENT = 32
 
 
+# a segment's thread loads this many of a row's elements (SEGMENT apart) per step of its loop,
+# all in flight at once: with one load per step, a Llama-2-7B decode step's 4096 x 4096
+# products read their weights at 0.9 TB/s on an H200
+SEGMENT_UNROLL = 8
+# and at most this many sums per step (the accumulators of every row and stage)
+SEGMENT_SUMS = 32
+
+
+def _segment_unroll(red_total: int, sums: int, most: int = SEGMENT_UNROLL) -> int:
+    """How many of a row's elements (or chunks of elements) each segment thread sums per step
+    of its loop: a power of two at most ``most``, SEGMENT_SUMS over ``sums`` (accumulators per
+    element), that divides the row (``red_total`` elements or chunks) into whole steps."""
+    unroll = 1
+    while (unroll * 2 <= most and unroll * 2 * sums <= SEGMENT_SUMS and
+           red_total % (SEGMENT * unroll * 2) == 0):
+        unroll *= 2
+    return unroll
+
+
+# bytes of a row's largest operand that a segment's thread reads as one vector (where the
+# dialect loads vectors from memory): with one float16 per load, the 4096 x 4096 products of a
+# Llama-2-7B decode step read their weights at 1.2 TB/s on an H200
+SEGMENT_VECTOR_BYTES = 16
+# the dtypes read as vectors (their elements 4 to 16 bytes together)
+VECTOR_DTYPES = frozenset({float32, float16, bfloat16, int32, uint32})
+VECTOR_DIALECTS = frozenset({"cuda", "hip", "opencl"})
+
+
+def _segment_steps(ast: KernelAST, values: list[ir.Expr], red_total: int, dialect: str
+                   ) -> tuple[int, int]:
+    """How a segment's thread walks its row: chunks of how many neighbouring elements, and how
+    many chunks per step of its loop. A chunk spans SEGMENT_VECTOR_BYTES of the largest operand
+    that runs along the row (a weight matrix's row; 32 elements of 4-bit weights, one
+    int32 word per 8), so that it is read as one vector; chunks of one element where the
+    dialect has no vector loads, or the row does not split into such chunks."""
+    sizes = {f"b{i + 1}": n.numel * n.dtype.itemsize for i, n in enumerate(ast.inputs)}
+    inner = ast.reduce[-1][0]
+    runs = [ld for value in values for ld in gemm.loads(value)
+            if ld.dtype in VECTOR_DTYPES and len(ld.srcs) == 1 and
+            0 < (_index_step(ld.srcs[0], inner) or 0) <= 1]
+    if dialect not in VECTOR_DIALECTS or not runs:
+        return 1, _segment_unroll(red_total, len(values))
+    main = max(runs, key=lambda ld: sizes.get(ld.arg, 0))
+    per_index = round(1 / (_index_step(main.srcs[0], inner) or 1))  # elements per element read
+    width = SEGMENT_VECTOR_BYTES // main.dtype.itemsize * per_index
+    while width > per_index and (red_total % (SEGMENT * width) or
+                                 ast.reduce[-1][1] % width):
+        width //= 2
+    if width * main.dtype.itemsize < 4 * per_index:  # less than a word of it per chunk
+        return 1, _segment_unroll(red_total, len(values))
+    return width, _segment_unroll(red_total // width, len(values) * width, 2)
+
+
+def _vector_reads(copies: list[list[ir.Expr]], axes: list[tuple[str, int]], prefix: str
+                  ) -> tuple[list[ir.Stmt], list[list[ir.Expr]]]:
+    """Vector loads for a thread's chunk: ``copies[v]`` are the values it sums for the chunk's
+    element ``v``. Loads at neighbouring addresses across the elements (each element its own:
+    a float16 weight; or every ``k`` elements one: a word of eight 4-bit weights), linear in
+    ``axes`` (the output axes and the chunk) and aligned to the vector, become ``VecLoad``s of
+    at most SEGMENT_VECTOR_BYTES, read before the sums; returns them and the copies reading
+    their names instead."""
+    width = len(copies)
+    per_copy = []
+    for copy in copies:
+        seen: set[int] = set()
+        per_copy.append([ld for value in copy for ld in gemm.loads(value, seen)])
+    if any(len(found) != len(per_copy[0]) for found in per_copy):
+        return [], copies
+    reads: list[ir.Stmt] = []
+    tables: list[dict[int, ir.Expr]] = [{} for _ in copies]
+    for i, first in enumerate(per_copy[0]):
+        group = [found[i] for found in per_copy]
+        if first.dtype not in VECTOR_DTYPES or any(
+                len(ld.srcs) != 1 or ld.arg != first.arg for ld in group):
+            continue
+        ops = [op for op in (gemm.linear_operand(ld, axes, ld.dtype) for ld in group)
+               if op is not None]
+        if len(ops) != width or any(op.strides != ops[0].strides for op in ops):
+            continue
+        low = min(range(width), key=lambda v: ops[v].offset)
+        deltas = [op.offset - ops[low].offset for op in ops]
+        span = max(deltas) + 1
+        # every element of the span read by some element of the chunk (4-bit weights are
+        # stored in an order of their own within a group)
+        if span < 2 or width % span or set(deltas) != set(range(span)):
+            continue
+        size = min(span, SEGMENT_VECTOR_BYTES // first.dtype.itemsize)
+        if size * first.dtype.itemsize < 4 or span % size or \
+                ops[low].offset % size or any(st % size for st in ops[0].strides):
+            continue
+        names = [f"{prefix}{i}_{j}" for j in range(span)]
+        start_index = group[low].srcs[0]
+        for start in range(0, span, size):
+            reads.append(ir.VecLoad(names[start:start + size], first.dtype, first.arg,
+                                    ir.alu("add", start_index,
+                                           ir.const(start, start_index.dtype))))
+        for table, ld, d in zip(tables, group, deltas):
+            table[id(ld)] = ir.var(names[d], first.dtype)
+    return reads, [[_replace(value, table, {}) for value in copy]
+                   for copy, table in zip(copies, tables)]
+
+
+def _replace(e: ir.Expr, table: dict[int, ir.Expr], memo: dict[int, ir.Expr]) -> ir.Expr:
+    """``e`` with the subexpressions in ``table`` (by identity) replaced."""
+    hit = table.get(id(e)) or memo.get(id(e))
+    if hit is not None:
+        return hit
+    srcs = tuple(_replace(s, table, memo) for s in e.srcs)
+    out = e if all(a is b for a, b in zip(srcs, e.srcs)) else ir.Expr(e.op, e.dtype, srcs, e.arg)
+    memo[id(e)] = out
+    return out
+
+
 def _segment_row_limit(ast: KernelAST, local: int, subgroup: int | str | None) -> int:
     """``_row_limit`` for ``_segment_per_output``: its segments combine by shuffles where the
     device has warps of SEGMENT lanes or more, else through an array of ``local`` values."""
@@ -950,14 +1066,14 @@ def _segment_row_limit(ast: KernelAST, local: int, subgroup: int | str | None) -
 
 def _segments_fit(ast: KernelAST, outer_total: int, red_total: int, max_local: int,
                   subgroup: int | str | None) -> bool:
-    """Whether ``_segment_per_output`` computes the kernel: long rows summed into one value
-    each, of outputs enough to fill work-groups of several segments evenly, the stages
-    independent of each other."""
+    """Whether ``_segment_per_output`` computes the kernel: rows of 128 elements or more
+    summed into one value each, of outputs enough to fill work-groups of several segments
+    evenly, the stages independent of each other."""
     local = min(256, _pow2_at_most(max_local))
     per_group = local // SEGMENT
     shared = _shared_rows(ast, outer_total, _segment_row_limit(ast, local, subgroup))
     outputs = outer_total // (shared[1] if shared else 1)
-    return (ast.reduced_output and red_total >= 1024 and per_group >= 2 and
+    return (ast.reduced_output and red_total >= 128 and per_group >= 2 and
             outputs % per_group == 0 and outputs >= 64 * per_group and
             not any(_names(stage.value) & {f"acc{k}" for k in range(len(ast.stages))}
                     for stage in ast.stages))
@@ -989,12 +1105,36 @@ def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store
                                     ir.alu("idiv", lid, ir.const(SEGMENT, dt))))]
     body += _decompose(ir.var("oflat", dt), outer)
     renames: list[dict[str, ir.Expr]] = [dict(row) for row in rows]
-    for k, stage in enumerate(ast.stages):
+    # the stages are independent: one loop sums them all, their common terms (a normalized
+    # activation) computed once
+    sums = [(stage, n, value) for k, stage in enumerate(ast.stages)
+            for n, value in zip(*_row_accumulators(stage, k, rows, renames, body))]
+    values = [value for _, _, value in sums]
+    width, unroll = _segment_steps(ast, values, red_total, dialect)
+    chunks = red_total // width
+    axes = [(name, size) for name, size, _ in outer] + [("ridx", chunks)]
+    step: list[ir.Stmt] = []
+    for u in range(unroll):
+        # the thread's chunk: ``width`` neighbouring elements, read as vectors where they can be
+        chunk = ir.alu("add", ir.var("ridx", dt), ir.const(u * SEGMENT, dt))
+        copies = []
+        for v in range(width):
+            at = _reduce_index(ast, ir.alu("add", ir.alu("mul", chunk, ir.const(width, dt)),
+                                           ir.const(v, dt)))
+            memo: dict[int, ir.Expr] = {}  # the stages' common terms stay shared
+            copies.append([ir.substitute(value, at, memo) for value in values])
+        if width > 1:
+            reads, copies = _vector_reads(copies, axes, f"x{u}_")
+            step += reads
+        for copy in copies:
+            step += [ir.Assign(f"acc{n}", ir.alu(REDUCE_ALU[stage.op],
+                                                 ir.var(f"acc{n}", stage.dtype), value))
+                     for (stage, n, _), value in zip(sums, copy)]
+    body.append(ir.For("ridx", lane, ir.const(chunks, dt), ir.const(SEGMENT * unroll, dt),
+                       step))
+    for stage in ast.stages:
         op = REDUCE_ALU[stage.op]
-        numbers, values = _row_accumulators(stage, k, rows, renames, body)
-        body.append(_reduce_loop(ast, lane, ir.const(SEGMENT, dt), red_total, [
-            ir.Assign(f"acc{n}", ir.alu(op, ir.var(f"acc{n}", stage.dtype), value))
-            for n, value in zip(numbers, values)]))
+        numbers = [n for st, n, _ in sums if st is stage]
         shuffles = isinstance(subgroup, int) and subgroup >= SEGMENT and \
             subgroup_reduces(dialect, op, stage.dtype)
         for n in numbers:
@@ -1156,6 +1296,68 @@ def _combine_subgroups(stage: Stage, k: int, local: int,
             ir.Decl(part, stage.dtype, reduce_identity(stage.op, stage.dtype)),
             ir.For("sgi", lane, count, size, [gather]),
             ir.Assign(acc, ir.subgroup_reduce(op, partv))]
+
+
+# neighbouring outputs that a work-group of _split_columns computes (a warp's coalesced run)
+SPLIT_COLUMNS = 32
+# threads enough to keep a GPU's memory busy: _split_columns splits rows until there are
+SPLIT_THREADS = 1 << 16
+# elements each thread of _split_columns sums at the least
+SPLIT_MIN_ELEMENTS = 16
+
+
+def _column_splits(ast: KernelAST, outer_total: int, red_total: int, max_local: int) -> int:
+    """How many threads share each output's sum in ``_split_columns``: 1 (a thread per output)
+    where the outputs alone give threads enough, the rows are short, or the outputs do not
+    fill whole runs of SPLIT_COLUMNS."""
+    if not ast.reduced_output or outer_total % SPLIT_COLUMNS or outer_total >= SPLIT_THREADS:
+        return 1
+    most = min(_pow2_at_most(max_local) // SPLIT_COLUMNS, SPLIT_THREADS // outer_total,
+               red_total // SPLIT_MIN_ELEMENTS)
+    return _pow2_at_most(most) if most >= 2 else 1
+
+
+def _split_columns(ast: KernelAST, name: str, params: list[ir.Param], store: ir.Store,
+                   outer_total: int, red_total: int, splits: int) -> ir.Kernel:
+    """Few outputs, each a sum along a strided axis (attention's weighted sum of the cached
+    values at decode, a bias's gradient): a work-group computes SPLIT_COLUMNS neighbouring
+    outputs, ``splits`` threads each, every thread summing every ``splits``-th element of its
+    output's row (a warp reads a coalesced run of the neighbouring outputs' elements), the
+    partial sums combined in local memory. A thread per output read a Llama-2-7B decode step's
+    value cache at 200 GB/s on an H200."""
+    dt = ast.index_dtype
+    cols = SPLIT_COLUMNS
+    local = cols * splits
+    lid = ir.special("lid")
+    col = ir.alu("mod", lid, ir.const(cols, dt))
+    part = ir.var("part", dt)
+    body: list[ir.Stmt] = [
+        ir.Decl("part", dt, ir.alu("idiv", lid, ir.const(cols, dt))),
+        ir.Decl("oidx", dt, ir.alu("add", ir.alu("mul", ir.special("gid"), ir.const(cols, dt)),
+                                   col))]
+    body += _decompose(ir.var("oidx", dt), ast.outer)
+    arrays: list[ir.Stmt] = []
+    for k, stage in enumerate(ast.stages):
+        acc, lmem = f"acc{k}", f"lmem{k}"
+        op = REDUCE_ALU[stage.op]
+        body.append(ir.Decl(acc, stage.dtype, reduce_identity(stage.op, stage.dtype)))
+        body.append(_reduce_loop(ast, part, ir.const(splits, dt), red_total,
+                                 [_accumulate(stage, acc)]))
+        # halving steps over the parts; then every thread reads its output's total (a later
+        # stage may use it)
+        arrays.append(ir.LocalArray(lmem, stage.dtype, local))
+        body += [ir.Store(lmem, lid, ir.var(acc, stage.dtype)), ir.Barrier()]
+        half = splits // 2
+        while half > 0:
+            partner = ir.load(lmem, stage.dtype, ir.alu("add", lid, ir.const(half * cols, dt)))
+            mine = ir.load(lmem, stage.dtype, lid)
+            body += [ir.If(ir.alu("lt", part, ir.const(half, dt)),
+                           [ir.Store(lmem, lid, ir.alu(op, mine, partner))]), ir.Barrier()]
+            half //= 2
+        body += [ir.Assign(acc, ir.load(lmem, stage.dtype, col)), ir.Barrier()]
+    body.append(ir.If(ir.alu("eq", part, ir.const(0, dt)), [store]))
+    return ir.Kernel(name, params, arrays + body, outer_total // cols, local,
+                     {"bytes": kernel_bytes(ast)})
 
 
 def _thread_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: ir.Store,

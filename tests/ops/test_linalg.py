@@ -73,6 +73,41 @@ def test_matmul_errors(device: str) -> None:
         ag.zeros(2, 3, 4, device=device) @ ag.zeros(3, 4, 5, device=device)
 
 
+@pytest.mark.parametrize("k", [128, 200, 256, 4096])
+def test_matrix_vector_products_read_as_vectors(device: str, k: int) -> None:
+    """Products whose rows a few threads sum in chunks of neighbouring elements, read as
+    vectors where the row splits into them (128, 256, 4096), element by element where not
+    (200); float32 and float16 weights, against NumPy."""
+    rng = np.random.default_rng()
+    x = rng.standard_normal((2, 1, k)).astype(np.float32)
+    w = rng.standard_normal((1024, k)).astype(np.float32) / np.float32(np.sqrt(k))
+    tx, tw = ag.tensor(x, device=device), ag.tensor(w, device=device)
+    np.testing.assert_allclose((tx @ tw.T).numpy(), x @ w.T, rtol=1e-4, atol=1e-4)
+    if ag.get_device(device).supports(ag.float16):
+        h = tx.cast(ag.float16) @ tw.cast(ag.float16).T
+        ref = x.astype(np.float16).astype(np.float32) @ w.astype(np.float16).astype(np.float32).T
+        np.testing.assert_allclose(h.float().numpy(), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("cols", [32, 96, 1024])
+def test_sums_along_a_strided_axis_of_few_outputs(device: str, cols: int) -> None:
+    """Few outputs, each summing a long strided axis (a bias's gradient, attention's weighted
+    sum of cached values at decode), which several threads per output share: sum, max and a
+    logsumexp (a stage reading the other's result) against NumPy."""
+    rng = np.random.default_rng()
+    x = rng.standard_normal((3000, cols)).astype(np.float32)
+    t = ag.tensor(x, device=device)
+    np.testing.assert_allclose(t.sum(0).numpy(), x.sum(0), rtol=1e-4, atol=1e-3)
+    np.testing.assert_array_equal(t.max(0).values.numpy(), x.max(0))
+    m = x.max(0)
+    want = m + np.log(np.exp(x - m).sum(0))
+    np.testing.assert_allclose(t.logsumexp(0).numpy(), want, rtol=1e-5, atol=1e-5)
+    probs = rng.random((32, 1, 579)).astype(np.float32)
+    values = rng.standard_normal((32, 579, 128)).astype(np.float32)
+    got = (ag.tensor(probs, device=device) @ ag.tensor(values, device=device)).numpy()
+    np.testing.assert_allclose(got, probs @ values, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("rows", [1, 3, 16, 17])
 def test_matrix_vector_products_of_long_rows(device: str, rows: int) -> None:
     """Decode-shaped products ``x @ W.T``: rows of 1024 or more summed by a few threads each,

@@ -348,6 +348,8 @@ class CStyleRenderer:
 
     def vector_load(self, st: ir.VecLoad, index: str) -> list[str]:
         n = len(st.names)
+        if st.buf in self.params:
+            return self.global_vector_load(st, index)
         read = self.vector_read(st.buf, index, n) if n in (2, 4) and \
             self.compute_type(st.dtype) == "float" else None
         if read is None:
@@ -356,6 +358,13 @@ class CStyleRenderer:
         v = self.fresh("v")
         return [f"const float{n} {v} = {read};"] + \
             [f"float {name} = {v}.{'xyzw'[i]};" for i, name in enumerate(st.names)]
+
+    def global_vector_load(self, st: ir.VecLoad, index: str) -> list[str]:
+        """``st``'s elements of a kernel parameter: scalar loads, where the dialect has no
+        vector load of memory (C, where the compiler vectorizes loops itself; WGSL)."""
+        return [self.declare_var(name, st.dtype,
+                                 self.load_global(st.buf, st.dtype, f"{index} + {i}"))
+                for i, name in enumerate(st.names)]
 
     def for_header(self, name: str, dtype: DType, start: str, stop: str, step: str) -> str:
         return f"for ({self.types[dtype]} {name} = {start}; {name} < {stop}; {name} += {step}) {{"

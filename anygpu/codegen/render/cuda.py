@@ -93,6 +93,18 @@ class CUDARenderer(CStyleRenderer):
             return 'asm volatile("cp.async.commit_group;");'
         return f'asm volatile("cp.async.wait_group {st.pending};" ::: "memory");'
 
+    def global_vector_load(self, st: ir.VecLoad, index: str) -> list[str]:
+        """One load of 4, 8 or 16 bytes (the elements are aligned to their whole size), its
+        elements read from registers."""
+        size = len(st.names) * st.dtype.itemsize
+        word = {4: "unsigned", 8: "uint2", 16: "uint4"}[size]
+        v, e = self.fresh("v"), self.fresh("v")
+        t = self.storage_type(st.dtype)
+        return [f"const {word} {v} = *reinterpret_cast<const {word}*>(&{st.buf}[{index}]);",
+                f"const {t}* {e} = reinterpret_cast<const {t}*>(&{v});"] + \
+            [self.declare_var(name, st.dtype, self.load_global(e, st.dtype, str(i)))
+             for i, name in enumerate(st.names)]
+
     def vector_read(self, buf: str, index: str, n: int) -> str | None:
         return f"*reinterpret_cast<const float{n}*>(&{buf}[{index}])"
 

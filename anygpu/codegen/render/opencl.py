@@ -74,6 +74,25 @@ class OpenCLRenderer(CStyleRenderer):
         return (f"__local {self.compute_type(st.dtype)} {st.name}[{st.size}] "
                 f"__attribute__((aligned(16)));")
 
+    def global_vector_load(self, st: ir.VecLoad, index: str) -> list[str]:
+        """One ``vloadn`` (``vload_halfn`` for float16, which gives floats)."""
+        n = len(st.names)
+        v = self.fresh("v")
+        if st.dtype == float16:
+            head = f"const float{n} {v} = vload_half{n}(({index}) / {n}, {st.buf});"
+        else:
+            t = self.storage_type(st.dtype)
+            head = f"const {t}{n} {v} = vload{n}(({index}) / {n}, {st.buf});"
+        return [head] + [self.declare_var(name, st.dtype,
+                                          self.load_global_value(f"{v}.s{i:x}", st.dtype))
+                         for i, name in enumerate(st.names)]
+
+    def load_global_value(self, text: str, dtype: DType) -> str:
+        """An element already read from memory (a vector's), as its compute type."""
+        if dtype == bfloat16:
+            return f"bf16_to_f32({text})"
+        return text
+
     def vector_read(self, buf: str, index: str, n: int) -> str | None:
         return f"*((__local const float{n}*)({buf} + {index}))"
 
