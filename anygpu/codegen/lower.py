@@ -23,7 +23,8 @@ from typing import Callable
 from anygpu.codegen import ir, sym
 from anygpu.codegen.render.cstyle import subgroup_reduces
 from anygpu.codegen.templates import gemm, mma
-from anygpu.dtype import DType, bfloat16, float16, float32, int32, int64, min_value, uint32
+from anygpu.dtype import (DType, bfloat16, float16, float32, int32, int64, min_value, uint32,
+                           wrap_int)
 from anygpu.graph.lazy import Lazy, is_boundary
 from anygpu.ops.primitives import ELEMENTWISE, MOVEMENT, REDUCE, Op
 
@@ -1047,6 +1048,93 @@ def _vector_reads(copies: list[list[ir.Expr]], axes: list[tuple[str, int]], pref
                    for copy, table in zip(copies, tables)]
 
 
+_FOLDS: dict[str, Callable[..., int]] = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "idiv": lambda a, b: int(a / b), "mod": lambda a, b: a - int(a / b) * b,
+    "lt": lambda a, b: int(a < b), "eq": lambda a, b: int(a == b), "ne": lambda a, b: int(a != b),
+    "shl": lambda a, b: a << b, "shr": lambda a, b: a >> b, "and": lambda a, b: a & b,
+    "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b, "max": max,
+    "not": lambda a: int(not a), "neg": lambda a: -a, "where": lambda c, a, b: a if c else b}
+
+
+def _fold(e: ir.Expr, known: frozenset[str], memo: dict[int, ir.Expr]) -> ir.Expr:
+    """``e`` with integer arithmetic on constants folded, and remainders and quotients by a
+    constant ``m`` of ``B + k`` simplified where ``B`` is a multiple of ``m`` built from
+    variables in ``known`` (all at least 0) and ``k >= 0``: ``(ridx * 32 + 5) % 4`` is 1."""
+    hit = memo.get(id(e))
+    if hit is not None:
+        return hit
+    out = e
+    if e.srcs and e.op != "subgroup_reduce":
+        srcs = [_fold(x, known, memo) for x in e.srcs]
+        integral = not e.dtype.is_float and all(not x.dtype.is_float for x in srcs)
+        fold = _FOLDS.get(e.op)
+        if integral and fold is not None and e.op != "cast" and \
+                all(x.op == "const" for x in srcs) and not (
+                    e.op in ("idiv", "mod") and srcs[1].arg == 0) and not (
+                    e.op in ("shl", "shr") and not 0 <= srcs[1].arg < 8 * srcs[0].dtype.itemsize):
+            out = ir.const(wrap_int(int(fold(*(x.arg for x in srcs))), e.dtype), e.dtype)
+        elif e.op in ("idiv", "mod") and integral and srcs[1].op == "const" and srcs[1].arg > 0:
+            m = srcs[1].arg
+            base, k = _split_const(srcs[0])
+            if k >= 0 and _multiple(base, m) and _at_least_zero(base, known):
+                out = ir.const(k % m, e.dtype) if e.op == "mod" else \
+                    ir.alu("add", _divided(base, m), ir.const(k // m, e.dtype))
+            else:
+                out = ir.alu(e.op, *srcs)
+        elif e.op == "load":
+            out = ir.load(e.arg, e.dtype, srcs[0], srcs[1] if len(srcs) > 1 else None)
+        elif any(a is not b for a, b in zip(srcs, e.srcs)):
+            out = ir.cast(srcs[0], e.dtype) if e.op == "cast" else ir.alu(e.op, *srcs)
+    memo[id(e)] = out
+    return out
+
+
+def _split_const(e: ir.Expr) -> tuple[ir.Expr, int]:
+    """``e`` as ``B + k`` with ``k`` an integer constant (0 where there is none)."""
+    if e.op == "const":
+        return ir.const(0, e.dtype), int(e.arg)
+    if e.op == "add":
+        a, b = e.srcs
+        if b.op == "const":
+            return a, int(b.arg)
+        if a.op == "const":
+            return b, int(a.arg)
+    return e, 0
+
+
+def _multiple(e: ir.Expr, m: int) -> bool:
+    if e.op == "const":
+        return int(e.arg) % m == 0
+    if e.op == "mul":
+        return any(x.op == "const" and int(x.arg) % m == 0 for x in e.srcs)
+    if e.op == "add":
+        return all(_multiple(x, m) for x in e.srcs)
+    return False
+
+
+def _divided(e: ir.Expr, m: int) -> ir.Expr:
+    """``e / m`` for ``e`` that ``_multiple`` found a multiple of ``m``."""
+    if e.op == "const":
+        return ir.const(int(e.arg) // m, e.dtype)
+    if e.op == "mul":
+        a, b = e.srcs
+        if b.op == "const" and int(b.arg) % m == 0:
+            return ir.alu("mul", a, ir.const(int(b.arg) // m, b.dtype))
+        return ir.alu("mul", b, ir.const(int(a.arg) // m, a.dtype))
+    return ir.alu("add", _divided(e.srcs[0], m), _divided(e.srcs[1], m))
+
+
+def _at_least_zero(e: ir.Expr, known: frozenset[str]) -> bool:
+    if e.op == "const":
+        return int(e.arg) >= 0
+    if e.op == "var":
+        return e.arg in known
+    if e.op in ("add", "mul", "idiv", "mod"):
+        return all(_at_least_zero(x, known) for x in e.srcs)
+    return False
+
+
 def _replace(e: ir.Expr, table: dict[int, ir.Expr], memo: dict[int, ir.Expr]) -> ir.Expr:
     """``e`` with the subexpressions in ``table`` (by identity) replaced."""
     hit = table.get(id(e)) or memo.get(id(e))
@@ -1124,6 +1212,14 @@ def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store
             memo: dict[int, ir.Expr] = {}  # the stages' common terms stay shared
             copies.append([ir.substitute(value, at, memo) for value in values])
         if width > 1:
+            # the chunk's element v is ``chunk * width + v``: fold what that makes constant (a
+            # 4-bit weight's shift within its word, the group of its scale)
+            known = frozenset({"ridx", *(name for name, _ in axes)})
+            folded = []
+            for copy in copies:
+                fmemo: dict[int, ir.Expr] = {}
+                folded.append([_fold(value, known, fmemo) for value in copy])
+            copies = folded
             reads, copies = _vector_reads(copies, axes, f"x{u}_")
             step += reads
         for copy in copies:
@@ -1310,7 +1406,8 @@ def _column_splits(ast: KernelAST, outer_total: int, red_total: int, max_local: 
     """How many threads share each output's sum in ``_split_columns``: 1 (a thread per output)
     where the outputs alone give threads enough, the rows are short, or the outputs do not
     fill whole runs of SPLIT_COLUMNS."""
-    if not ast.reduced_output or outer_total % SPLIT_COLUMNS or outer_total >= SPLIT_THREADS:
+    if not ast.reduced_output or outer_total % SPLIT_COLUMNS or \
+            not 0 < outer_total < SPLIT_THREADS:
         return 1
     most = min(_pow2_at_most(max_local) // SPLIT_COLUMNS, SPLIT_THREADS // outer_total,
                red_total // SPLIT_MIN_ELEMENTS)

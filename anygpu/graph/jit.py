@@ -85,8 +85,11 @@ class Captured:
 
 
 class JitFunction:
-    def __init__(self, fn: Callable[..., Any]):
+    def __init__(self, fn: Callable[..., Any], keep: int | None = None):
         self.fn = fn
+        # at most this many captured signatures, the least recently used dropped quietly (a
+        # function that expects a few shapes in turn); None: MAX_SIGNATURES, with a warning
+        self.keep = keep
         self.captured: dict[tuple, Captured | None] = {}
         self.calls: dict[tuple, int] = {}
         functools.update_wrapper(self, fn)
@@ -102,6 +105,8 @@ class JitFunction:
         inputs = _tensors((args, kwargs))
         captured = self.captured.get(key)
         if captured is not None:
+            if self.keep is not None:  # the most recently used last
+                self.captured[key] = self.captured.pop(key)
             return self._replay(captured, inputs)
         n = self.calls.get(key, 0)
         self.calls[key] = n + 1
@@ -109,7 +114,9 @@ class JitFunction:
             out = self.fn(*args, **kwargs)
             _realize_all(out)
             return out
-        if len(self.captured) >= MAX_SIGNATURES:
+        if self.keep is not None and len(self.captured) >= self.keep:
+            self.captured.pop(next(iter(self.captured)))
+        elif len(self.captured) >= MAX_SIGNATURES:
             warnings.warn(f"jit: {self.fn.__name__} has been captured for {len(self.captured)} "
                           "input signatures; changing shapes or dtypes recapture each time",
                           stacklevel=2)
@@ -164,9 +171,10 @@ class JitFunction:
         return _fill(c.outputs, made)
 
 
-def jit(fn: Callable[..., Any]) -> JitFunction:
-    """Decorator: capture ``fn``'s kernels once per input signature and replay them."""
-    return JitFunction(fn)
+def jit(fn: Callable[..., Any], keep: int | None = None) -> JitFunction:
+    """Decorator: capture ``fn``'s kernels once per input signature and replay them; ``keep``:
+    the most signatures held at once, the least recently used dropped without a warning."""
+    return JitFunction(fn, keep)
 
 
 def _realize_all(out: Any) -> None:

@@ -10,7 +10,8 @@ as sequences grow (a page table on the device says which): ``generate`` and ``ch
 (continuous batching, ``anygpu.llm.batch``) build on; ``prefill_batch`` runs several prompts
 in one pass. Tokens whose keys and values are already in a slot (the conversation so far, in a
 chat) are not run again: a new prompt that starts with them only runs what follows, padded to
-a power of two in length so that prompts of many lengths share a few sets of kernels.
+a power of two in length so that prompts of many lengths share a few sets of kernels; a
+prompt of up to PREFILL_CAPTURED tokens runs as a captured step of its shape too.
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ from anygpu.llm.model import Transformer
 from anygpu.llm.sampling import LogitsProcessor, Sampler
 from anygpu.llm.tokenizer import Tokenizer
 from anygpu.tensor import Tensor
+
+
+# prefills of at most this many tokens (rows times padded length) run as captured steps, of
+# at most PREFILL_SHAPES shapes at once (each holds the memory of its intermediate values)
+PREFILL_CAPTURED = 2048
+PREFILL_SHAPES = 4
 
 
 class CacheFull(RuntimeError):
@@ -74,6 +81,10 @@ class LanguageModel:
         self.eos_token_ids: tuple[int, ...] = tuple(eos)
         self.stats = Stats()
         self._decode = jit(model.forward)
+        # prompts of up to PREFILL_CAPTURED tokens in all prefill through captured steps too,
+        # one per shape (rows, padded length), the last few kept: the host's work for every
+        # kernel took more than half of a 512-token prefill's time on an H200
+        self._prefill = jit(model.forward, keep=PREFILL_SHAPES)
         # per slot: the tokens whose keys and values sit in its cache, in order
         self._cached: list[list[int]] = [[] for _ in range(self.max_batch)]
         # the cache's pages: each slot's, in order, and the free ones (the lowest first)
@@ -205,8 +216,9 @@ class LanguageModel:
         for r, (slot, new) in enumerate(zip(order, news)):
             tokens[r, :len(new)] = new
             starts[r], lasts[r], slots[r] = same[slot], len(new) - 1, slot
-        logits = self.model.forward(self._tensor(tokens), self._tensor(starts),
-                                    self._tensor(lasts), self._tensor(slots)).numpy()
+        forward = self._prefill if rows * length <= PREFILL_CAPTURED else self.model.forward
+        logits = forward(self._tensor(tokens), self._tensor(starts), self._tensor(lasts),
+                         self._tensor(slots)).numpy()
         self.stats.prefill_seconds += time.perf_counter() - start
         self.stats.prefill_tokens += sum(len(n) for n in news)
         for slot in order:
