@@ -96,6 +96,19 @@ def test_new_shape_recaptures() -> None:
     assert len(f.captured) == 2
 
 
+def test_kept_shapes_drop_the_least_recently_used_quietly(recwarn) -> None:
+    """``keep``: a function that sees a few shapes in turn holds at most that many captures,
+    recapturing a dropped shape when it comes back, without a warning."""
+    f = ag.jit(lambda x: (x * 2).sum(), keep=2)
+    rng = np.random.default_rng()
+    for n in (3, 3, 3, 5, 5, 5, 3, 7, 7, 7, 3, 5, 5, 5):
+        x = rng.standard_normal(n).astype(np.float32)
+        assert f(ag.tensor(x)).item() == pytest.approx(2 * x.sum(), rel=1e-5, abs=1e-5)
+        assert len(f.captured) <= 2
+    assert [k[0][0] for k in f.captured] == [(3,), (5,)]
+    assert not [w for w in recwarn.list if "jit" in str(w.message)]
+
+
 def test_view_inputs_replay_with_their_values(device: str) -> None:
     """A view of other memory (a slice) as input: each replay reads the slice passed."""
     @ag.jit
