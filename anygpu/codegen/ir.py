@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from anygpu.dtype import DType, bool_, int32, wrap_int
+from anygpu.dtype import DType, bool_, int32, int64, wrap_int
 
 ALU_OPS = {"neg", "exp2", "log2", "sin", "sqrt", "recip", "trunc", "not", "add", "sub", "mul",
            "div", "idiv", "mod", "max", "min", "lt", "eq", "ne", "and", "or", "xor", "shl",
@@ -91,8 +91,18 @@ def _as_expr(x: "Expr | int | float | bool", like: Expr) -> Expr:
     return x if isinstance(x, Expr) else const(x, like.dtype)
 
 
+# integer operators whose operands C would bring to a common type; an int32 operand (a
+# work-group or thread id) beside an int64 one (the index of a kernel past 2**31 elements) is
+# widened, so that the result is int64 in every dialect (WGSL has no implicit conversion, and
+# C's declared int would truncate it)
+_WIDENED = frozenset({"add", "sub", "mul", "idiv", "mod", "max", "lt", "eq", "ne"})
+
+
 def alu(op: str, a: Expr, *rest: "Expr | int | float") -> Expr:
     srcs = (a, *[_as_expr(r, a) for r in rest])
+    if op in _WIDENED and len(srcs) == 2 and {srcs[0].dtype, srcs[1].dtype} == {int32, int64}:
+        srcs = tuple(s if s.dtype == int64 else cast(s, int64) for s in srcs)
+        a = srcs[0]
     dtype = bool_ if op in ("lt", "eq", "ne") else srcs[-1].dtype if op == "where" else a.dtype
     if op in ("add", "mul", "sub") and all(s.op == "const" for s in srcs) and not dtype.is_float:
         x, y = srcs[0].arg, srcs[1].arg

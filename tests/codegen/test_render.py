@@ -256,6 +256,23 @@ def test_wgsl_folds_large_launches() -> None:
     assert "if (gidx" not in render(kernel_for("elementwise", "wgsl"), "wgsl")
 
 
+def test_int64_indices_widen_the_thread_ids() -> None:
+    """A kernel indexed in int64 (past 2**31 elements) computes its flat index from the
+    int32 work-group and thread ids widened first: WGSL has no implicit conversion, and C's
+    int would truncate the index."""
+    flat = ir.alu("add", ir.alu("mul", ir.special("gid"), ir.const(256, ag.int64)),
+                  ir.special("lid"))
+    assert flat.dtype == ag.int64
+    store = ir.Store("b0", flat, ir.const(1.0, ag.float32))
+    kernel = ir.Kernel("k", [ir.Param("b0", ag.float32, True)],
+                       [ir.Decl("t", ag.int64, flat), store], 4, 256)
+    wgsl = render(kernel, "wgsl")
+    assert "i64(gidx)" in wgsl and ": i32 = ((gidx * 256li)" not in wgsl
+    for dialect in ("cuda", "opencl"):
+        text = render(kernel, dialect)
+        assert "(long)" in text or "int64_t" in text or "(long long)" in text, text
+
+
 def test_unknown_dialect() -> None:
     kernel = kernel_for("elementwise", "c")
     with pytest.raises(ValueError, match="no renderer for dialect 'metal'"):
