@@ -969,6 +969,8 @@ def _segment_unroll(red_total: int, sums: int, most: int = SEGMENT_UNROLL) -> in
 # dialect loads vectors from memory): with one float16 per load, the 4096 x 4096 products of a
 # Llama-2-7B decode step read their weights at 1.2 TB/s on an H200
 SEGMENT_VECTOR_BYTES = 16
+# chunks a segment's thread reads per step of its loop, at most
+SEGMENT_VECTOR_UNROLL = 2
 # the dtypes read as vectors (their elements 4 to 16 bytes together)
 VECTOR_DTYPES = frozenset({float32, float16, bfloat16, int32, uint32})
 VECTOR_DIALECTS = frozenset({"cuda", "hip", "opencl"})
@@ -996,7 +998,8 @@ def _segment_steps(ast: KernelAST, values: list[ir.Expr], red_total: int, dialec
         width //= 2
     if width * main.dtype.itemsize < 4 * per_index:  # less than a word of it per chunk
         return 1, _segment_unroll(red_total, len(values))
-    return width, _segment_unroll(red_total // width, len(values) * width, 2)
+    return width, _segment_unroll(red_total // width, len(values) * width,
+                                  SEGMENT_VECTOR_UNROLL)
 
 
 def _vector_reads(copies: list[list[ir.Expr]], axes: list[tuple[str, int]], prefix: str

@@ -167,7 +167,7 @@ def test_greedy_tokens_match_transformers(device, variant, fmt, gguf_file):
     assert tokens == want_tokens
     np.testing.assert_allclose(np.stack(seen), want_logits, rtol=1e-4, atol=1e-4)
     if fmt == "Q8_0":  # carried as q8 without a float detour
-        q = lm.model.layers[0].q[0]
+        q = lm.model.layers[0].qkv[0][0]  # the query, key and value weights stacked
         assert isinstance(q, quant.QuantizedWeight) and q.kind == "q8"
 
 

@@ -137,13 +137,17 @@ def _with_weights_of(model, lm):
     import torch
 
     out = copy.deepcopy(model)
-    parts = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
-             "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
+    parts = {"o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
              "down": "mlp.down_proj"}
     with torch.no_grad():
         for i, layer in enumerate(lm.model.layers):
-            for field, name in parts.items():
-                w = getattr(layer, field)[0].dequantize().numpy()
+            weights = {name: getattr(layer, field)[0].dequantize().numpy()
+                       for field, name in parts.items()}
+            # the query, key and value weights, stacked by rows
+            stacked = layer.qkv[0][0].dequantize().numpy()
+            for name, rows in zip("qkv", np.split(stacked, np.cumsum(layer.qkv_widths)[:2])):
+                weights[f"self_attn.{name}_proj"] = rows
+            for name, w in weights.items():
                 out.get_parameter(f"model.layers.{i}.{name}.weight").copy_(torch.from_numpy(w))
         if isinstance(lm.model.lm_head, quant.QuantizedWeight):
             w = lm.model.lm_head.dequantize().numpy()
@@ -163,7 +167,8 @@ def test_quantized_logits_stay_near_the_float_model(device, kind, variant, tiny)
     folder, model = tiny(variant)
     tokens, want = _float_logits(model, 8)
     lm = llm.load(folder, device=device, max_seq_len=32, quant=kind)
-    projections = [lm.model.layers[0].q[0], lm.model.layers[1].down[0]]
+    projections = [lm.model.layers[0].qkv[0][0], lm.model.layers[1].down[0]]
+    assert len(lm.model.layers[0].qkv) == 1  # the query, key and value weights stacked
     assert all(isinstance(w, quant.QuantizedWeight) and w.kind == kind for w in projections)
     assert isinstance(lm.model.lm_head, quant.QuantizedWeight) == (variant != "tied")
     seen: list[np.ndarray] = []
