@@ -200,3 +200,34 @@ def test_subgroups_switch(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         monkeypatch.delenv("ANYGPU_SUBGROUPS")
         config.reload()
+
+
+def test_chunk_index_folding() -> None:
+    """``lower._fold`` simplifies remainders and quotients only where it may: the variables it
+    is told are not negative, constant offsets of 0 or more; constant arithmetic folds as C
+    computes it (truncating division, a remainder with the dividend's sign)."""
+    i32 = dt.int32
+    ridx, other = ir.var("ridx", i32), ir.var("other", i32)
+    known = frozenset({"ridx"})
+
+    def fold(e: ir.Expr) -> ir.Expr:
+        return lower._fold(e, known, {})
+
+    def c(v: int) -> ir.Expr:
+        return ir.const(v, i32)
+
+    elem = ir.alu("add", ir.alu("mul", ridx, c(32)), c(5))  # ridx * 32 + 5
+    assert fold(ir.alu("mod", elem, c(4))) is c(1)
+    assert fold(ir.alu("idiv", elem, c(4))) is ir.alu("add", ir.alu("mul", ridx, c(8)), c(1))
+    assert fold(ir.alu("idiv", elem, c(32))) is ridx
+    # a variable not known to be at least 0, a stride that is no multiple, a negative offset
+    for e in (ir.alu("add", ir.alu("mul", other, c(32)), c(5)),
+              ir.alu("add", ir.alu("mul", ridx, c(6)), c(5)),
+              ir.alu("add", ir.alu("mul", ridx, c(32)), c(-5))):
+        assert fold(ir.alu("mod", e, c(4))).op == "mod"
+    assert fold(ir.alu("idiv", c(-7), c(2))) is c(-3)
+    assert fold(ir.alu("mod", c(-7), c(2))) is c(-1)
+    shift = ir.alu("shr", ir.var("w", i32), ir.alu("mul", ir.alu("mod", elem, c(4)), c(8)))
+    assert fold(shift).srcs[1] is c(8)  # a 4-bit weight's shift within its word
+    # shifts past the word's width are left for the renderer's guarded shift
+    assert fold(ir.alu("shl", c(1), c(40))).op == "shl"

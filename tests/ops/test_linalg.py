@@ -87,6 +87,10 @@ def test_matrix_vector_products_read_as_vectors(device: str, k: int) -> None:
         h = tx.cast(ag.float16) @ tw.cast(ag.float16).T
         ref = x.astype(np.float16).astype(np.float32) @ w.astype(np.float16).astype(np.float32).T
         np.testing.assert_allclose(h.float().numpy(), ref, rtol=2e-2, atol=2e-2)
+    if ag.get_device(device).supports(ag.bfloat16):
+        xb, wb = tx.cast(ag.bfloat16), tw.cast(ag.bfloat16)
+        ref = xb.float().numpy() @ wb.float().numpy().T
+        np.testing.assert_allclose((xb @ wb.T).float().numpy(), ref, rtol=5e-2, atol=5e-2)
 
 
 @pytest.mark.parametrize("cols", [32, 96, 1024])
