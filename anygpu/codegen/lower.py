@@ -23,8 +23,8 @@ from typing import Callable
 from anygpu.codegen import ir, sym
 from anygpu.codegen.render.cstyle import subgroup_reduces
 from anygpu.codegen.templates import gemm, mma
-from anygpu.dtype import (DType, bfloat16, float16, float32, int32, int64, min_value, uint32,
-                           wrap_int)
+from anygpu.dtype import (DType, bfloat16, bool_, float16, float32, int32, int64, min_value,
+                           uint32, wrap_int)
 from anygpu.graph.lazy import Lazy, is_boundary
 from anygpu.ops.primitives import ELEMENTWISE, MOVEMENT, REDUCE, Op
 
@@ -1076,7 +1076,9 @@ def _fold(e: ir.Expr, known: frozenset[str], memo: dict[int, ir.Expr]) -> ir.Exp
                 all(x.op == "const" for x in srcs) and not (
                     e.op in ("idiv", "mod") and srcs[1].arg == 0) and not (
                     e.op in ("shl", "shr") and not 0 <= srcs[1].arg < 8 * srcs[0].dtype.itemsize):
-            out = ir.const(wrap_int(int(fold(*(x.arg for x in srcs))), e.dtype), e.dtype)
+            value = int(fold(*(x.arg for x in srcs)))
+            out = ir.const(bool(value) if e.dtype == bool_ else wrap_int(value, e.dtype),
+                           e.dtype)
         elif e.op in ("idiv", "mod") and integral and srcs[1].op == "const" and srcs[1].arg > 0:
             m = srcs[1].arg
             base, k = _split_const(srcs[0])
@@ -1412,8 +1414,8 @@ def _column_splits(ast: KernelAST, outer_total: int, red_total: int, max_local: 
     if not ast.reduced_output or outer_total % SPLIT_COLUMNS or \
             not 0 < outer_total < SPLIT_THREADS:
         return 1
-    most = min(_pow2_at_most(max_local) // SPLIT_COLUMNS, SPLIT_THREADS // outer_total,
-               red_total // SPLIT_MIN_ELEMENTS)
+    most = min(_pow2_at_most(min(max_local, 1024)) // SPLIT_COLUMNS,
+               SPLIT_THREADS // outer_total, red_total // SPLIT_MIN_ELEMENTS)
     return _pow2_at_most(most) if most >= 2 else 1
 
 
