@@ -95,11 +95,11 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     # every backend at once, each in its own pytest (give each a share of the cores with -n)
     for backend in ${BACKENDS:-cuda opencl webgpu}; do
       ANYGPU_TEST_DEVICES=$backend timeout "${TEST_TIMEOUT:-400}" python3 -m pytest ${TESTS:-tests} \
-        -q -p no:cacheprovider "$@" >"$out/tests-$backend.txt" 2>&1 &
+        -q -p no:cacheprovider --durations=15 "$@" >"$out/tests-$backend.txt" 2>&1 &
     done
     wait
     for backend in ${BACKENDS:-cuda opencl webgpu}; do
-      echo "== $backend"; tail -n 25 "$out/tests-$backend.txt"
+      echo "== $backend"; grep -E "passed|failed|^FAILED|^ERROR" "$out/tests-$backend.txt" | tail -n 25
       tail -n 1 "$out/tests-$backend.txt" | grep -q -E "passed" || status=1
       grep -q -E "[0-9]+ failed" "$out/tests-$backend.txt" && status=1
     done
