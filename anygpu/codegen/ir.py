@@ -17,7 +17,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from anygpu.dtype import DType, bool_, int32, int64, wrap_int
 
@@ -89,6 +89,18 @@ def special(name: str) -> Expr:
 
 def _as_expr(x: "Expr | int | float | bool", like: Expr) -> Expr:
     return x if isinstance(x, Expr) else const(x, like.dtype)
+
+
+# integer operators on constants as C computes them (truncating division, a remainder with the
+# dividend's sign; 0 for a division by zero, which callers that fold code leave alone)
+INT_FOLDS: dict[str, Callable[..., int]] = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "idiv": lambda a, b: int(a / b) if b else 0,
+    "mod": lambda a, b: a - int(a / b) * b if b else 0,
+    "lt": lambda a, b: int(a < b), "eq": lambda a, b: int(a == b), "ne": lambda a, b: int(a != b),
+    "shl": lambda a, b: a << b, "shr": lambda a, b: a >> b, "and": lambda a, b: a & b,
+    "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b, "max": max,
+    "not": lambda a: int(not a), "neg": lambda a: -a, "where": lambda c, a, b: a if c else b}
 
 
 # integer operators whose operands C would bring to a common type; an int32 operand (a

@@ -946,9 +946,9 @@ def _group_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: 
 SEGMENT = 32
 
 
-# a segment's thread loads this many of a row's elements (SEGMENT apart) per step of its loop,
-# all in flight at once: with one load per step, a Llama-2-7B decode step's 4096 x 4096
-# products read their weights at 0.9 TB/s on an H200
+# a segment's thread loads this many of a row's elements (SEGMENT apart) per step of its loop
+# where it reads no vectors (on an H200, unrolling 1 to 16 times changed a 4096 x 4096 product
+# by less than 15%: the bytes per load decide, see SEGMENT_VECTOR_BYTES)
 SEGMENT_UNROLL = 8
 # and at most this many sums per step (the accumulators of every row and stage)
 SEGMENT_SUMS = 32
@@ -985,13 +985,13 @@ def _segment_steps(ast: KernelAST, values: list[ir.Expr], red_total: int, dialec
     dialect has no vector loads, or the row does not split into such chunks."""
     sizes = {f"b{i + 1}": n.numel * n.dtype.itemsize for i, n in enumerate(ast.inputs)}
     inner = ast.reduce[-1][0]
-    runs = [ld for value in values for ld in gemm.loads(value)
-            if ld.dtype in VECTOR_DTYPES and len(ld.srcs) == 1 and
-            0 < (_index_step(ld.srcs[0], inner) or 0) <= 1]
+    steps = {id(ld): _index_step(ld.srcs[0], inner) or 0 for value in values
+             for ld in gemm.loads(value) if ld.dtype in VECTOR_DTYPES and len(ld.srcs) == 1}
+    runs = [ld for value in values for ld in gemm.loads(value) if 0 < steps.get(id(ld), 0) <= 1]
     if dialect not in VECTOR_DIALECTS or not runs:
         return 1, _segment_unroll(red_total, len(values))
     main = max(runs, key=lambda ld: sizes.get(ld.arg, 0))
-    per_index = round(1 / (_index_step(main.srcs[0], inner) or 1))  # elements per element read
+    per_index = round(1 / steps[id(main)])  # elements per element read
     width = SEGMENT_VECTOR_BYTES // main.dtype.itemsize * per_index
     while width > per_index and (red_total % (SEGMENT * width) or
                                  ast.reduce[-1][1] % width):
@@ -1051,15 +1051,6 @@ def _vector_reads(copies: list[list[ir.Expr]], axes: list[tuple[str, int]], pref
                    for copy, table in zip(copies, tables)]
 
 
-_FOLDS: dict[str, Callable[..., int]] = {
-    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-    "idiv": lambda a, b: int(a / b), "mod": lambda a, b: a - int(a / b) * b,
-    "lt": lambda a, b: int(a < b), "eq": lambda a, b: int(a == b), "ne": lambda a, b: int(a != b),
-    "shl": lambda a, b: a << b, "shr": lambda a, b: a >> b, "and": lambda a, b: a & b,
-    "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b, "max": max,
-    "not": lambda a: int(not a), "neg": lambda a: -a, "where": lambda c, a, b: a if c else b}
-
-
 def _fold(e: ir.Expr, known: frozenset[str], memo: dict[int, ir.Expr]) -> ir.Expr:
     """``e`` with integer arithmetic on constants folded, and remainders and quotients by a
     constant ``m`` of ``B + k`` simplified where ``B`` is a multiple of ``m`` built from
@@ -1071,7 +1062,7 @@ def _fold(e: ir.Expr, known: frozenset[str], memo: dict[int, ir.Expr]) -> ir.Exp
     if e.srcs and e.op != "subgroup_reduce":
         srcs = [_fold(x, known, memo) for x in e.srcs]
         integral = not e.dtype.is_float and all(not x.dtype.is_float for x in srcs)
-        fold = _FOLDS.get(e.op)
+        fold = ir.INT_FOLDS.get(e.op)
         if integral and fold is not None and e.op != "cast" and \
                 all(x.op == "const" for x in srcs) and not (
                     e.op in ("idiv", "mod") and srcs[1].arg == 0) and not (
@@ -1206,6 +1197,7 @@ def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store
     width, unroll = _segment_steps(ast, values, red_total, dialect)
     chunks = red_total // width
     axes = [(name, size) for name, size, _ in outer] + [("ridx", chunks)]
+    known = frozenset({"ridx", *(name for name, _ in axes)})  # indices, none negative
     step: list[ir.Stmt] = []
     for u in range(unroll):
         # the thread's chunk: ``width`` neighbouring elements, read as vectors where they can be
@@ -1219,7 +1211,6 @@ def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store
         if width > 1:
             # the chunk's element v is ``chunk * width + v``: fold what that makes constant (a
             # 4-bit weight's shift within its word, the group of its scale)
-            known = frozenset({"ridx", *(name for name, _ in axes)})
             folded = []
             for copy in copies:
                 fmemo: dict[int, ir.Expr] = {}
@@ -1341,17 +1332,19 @@ def _names(e: ir.Expr) -> frozenset[str]:
 
 
 def _local_combine(acc: str, lmem: str, dtype: DType, op: str, local: int, lane: ir.Expr,
-                   first: ir.Expr, dt: DType, width: int | None = None) -> list[ir.Stmt]:
-    """Statements that leave in ``acc`` the combination of the ``acc`` of each aligned run of
-    ``width`` threads (the whole work-group where None), through the local array ``lmem``:
-    halving steps of the threads whose ``lane`` (position in the run) is in the lower half,
-    then each thread reads its run's first slot, ``first`` (``dt``: the index type)."""
+                   first: ir.Expr, dt: DType, width: int | None = None,
+                   stride: int = 1) -> list[ir.Stmt]:
+    """Statements that leave in ``acc`` the combination of the ``acc`` of each run of
+    ``width`` threads ``stride`` apart (aligned; the whole work-group where None), through the
+    local array ``lmem``: halving steps of the threads whose ``lane`` (position in the run) is
+    in the lower half, then each thread reads its run's first slot, ``first`` (``dt``: the
+    index type)."""
     lid = ir.special("lid")
     out: list[ir.Stmt] = [ir.LocalArray(lmem, dtype, local),
                           ir.Store(lmem, lid, ir.var(acc, dtype)), ir.Barrier()]
     s = (width or local) // 2
     while s > 0:
-        partner = ir.load(lmem, dtype, ir.alu("add", lid, ir.const(s, dt)))
+        partner = ir.load(lmem, dtype, ir.alu("add", lid, ir.const(s * stride, dt)))
         mine = ir.load(lmem, dtype, lid)
         out += [ir.If(ir.alu("lt", lane, ir.const(s, dt)),
                       [ir.Store(lmem, lid, ir.alu(op, mine, partner))]), ir.Barrier()]
@@ -1438,27 +1431,18 @@ def _split_columns(ast: KernelAST, name: str, params: list[ir.Param], store: ir.
         ir.Decl("oidx", dt, ir.alu("add", ir.alu("mul", ir.special("gid"), ir.const(cols, dt)),
                                    col))]
     body += _decompose(ir.var("oidx", dt), ast.outer)
-    arrays: list[ir.Stmt] = []
     for k, stage in enumerate(ast.stages):
         acc, lmem = f"acc{k}", f"lmem{k}"
         op = REDUCE_ALU[stage.op]
         body.append(ir.Decl(acc, stage.dtype, reduce_identity(stage.op, stage.dtype)))
         body.append(_reduce_loop(ast, part, ir.const(splits, dt), red_total,
                                  [_accumulate(stage, acc)]))
-        # halving steps over the parts; then every thread reads its output's total (a later
-        # stage may use it)
-        arrays.append(ir.LocalArray(lmem, stage.dtype, local))
-        body += [ir.Store(lmem, lid, ir.var(acc, stage.dtype)), ir.Barrier()]
-        half = splits // 2
-        while half > 0:
-            partner = ir.load(lmem, stage.dtype, ir.alu("add", lid, ir.const(half * cols, dt)))
-            mine = ir.load(lmem, stage.dtype, lid)
-            body += [ir.If(ir.alu("lt", part, ir.const(half, dt)),
-                           [ir.Store(lmem, lid, ir.alu(op, mine, partner))]), ir.Barrier()]
-            half //= 2
-        body += [ir.Assign(acc, ir.load(lmem, stage.dtype, col)), ir.Barrier()]
+        # every thread reads its output's total (a later stage may use it)
+        body += _local_combine(acc, lmem, stage.dtype, op, local, part, col, dt, splits, cols)
     body.append(ir.If(ir.alu("eq", part, ir.const(0, dt)), [store]))
-    return ir.Kernel(name, params, arrays + body, outer_total // cols, local,
+    arrays = [st for st in body if isinstance(st, ir.LocalArray)]
+    rest = [st for st in body if not isinstance(st, ir.LocalArray)]
+    return ir.Kernel(name, params, arrays + rest, outer_total // cols, local,
                      {"bytes": kernel_bytes(ast)})
 
 

@@ -67,24 +67,26 @@ def _stacked(pairs: list[tuple[Tensor, Tensor | None]]
     weights, biases = [w for w, _ in pairs], [b for _, b in pairs]
     if any(b is None for b in biases) and not all(b is None for b in biases):
         return None
-    bias = None if biases[0] is None else cat(biases).realize()  # type: ignore[arg-type]
     first = weights[0]
+    stacked: Tensor | QuantizedWeight
     if all(isinstance(w, Tensor) for w in weights):
         if any(w.dtype != first.dtype or w.shape[1:] != first.shape[1:] for w in weights):
             return None
-        return cat(weights, 0).realize(), bias
-    if not all(isinstance(w, QuantizedWeight) for w in weights):
+        stacked = cat(weights, 0).realize()
+    elif all(isinstance(w, QuantizedWeight) for w in weights):
+        packed: list[QuantizedWeight] = weights  # type: ignore[assignment]
+        one = packed[0]
+        if any(w.kind != one.kind or w.group != one.group or w.dtype != one.dtype or
+               w.shape[1] != one.shape[1] or w.parts.keys() != one.parts.keys() or
+               any(t.shape[0] != w.shape[0] for t in w.parts.values()) for w in packed):
+            return None  # (a part not laid out by rows cannot stack)
+        parts = {k: cat([w.parts[k] for w in packed], 0).realize() for k in one.parts}
+        stacked = QuantizedWeight(one.kind, (sum(w.shape[0] for w in packed), one.shape[1]),
+                                  parts, one.dtype, one.group)
+    else:
         return None
-    packed: list[QuantizedWeight] = weights  # type: ignore[assignment]
-    one = packed[0]
-    if any(w.kind != one.kind or w.group != one.group or w.dtype != one.dtype or
-           w.shape[1] != one.shape[1] or w.parts.keys() != one.parts.keys() or
-           any(t.shape[0] != w.shape[0] for t in w.parts.values()) for w in packed):
-        return None  # (a part not laid out by rows cannot stack)
-    parts = {k: cat([w.parts[k] for w in packed], 0).realize() for k in one.parts}
-    rows = sum(w.shape[0] for w in packed)
-    return QuantizedWeight(one.kind, (rows, one.shape[1]), parts, one.dtype,  # type: ignore[return-value]
-                           one.group), bias
+    bias = None if biases[0] is None else cat(biases).realize()  # type: ignore[arg-type]
+    return stacked, bias  # type: ignore[return-value]
 
 
 def _linear(x: Tensor, weight: tuple[Tensor, Tensor | None]) -> Tensor:

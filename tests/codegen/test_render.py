@@ -268,9 +268,8 @@ def test_int64_indices_widen_the_thread_ids() -> None:
                        [ir.Decl("t", ag.int64, flat), store], 4, 256)
     wgsl = render(kernel, "wgsl")
     assert "i64(gidx)" in wgsl and ": i32 = ((gidx * 256li)" not in wgsl
-    for dialect in ("cuda", "opencl"):
-        text = render(kernel, dialect)
-        assert "(long)" in text or "int64_t" in text or "(long long)" in text, text
+    assert "((long long)(((int)blockIdx.x))) * 256LL)" in render(kernel, "cuda")
+    assert "((long)(((int)get_group_id(0)))) * 256L)" in render(kernel, "opencl")
 
 
 def test_unknown_dialect() -> None:

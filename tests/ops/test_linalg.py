@@ -77,7 +77,7 @@ def test_matmul_errors(device: str) -> None:
 def test_matrix_vector_products_read_as_vectors(device: str, k: int) -> None:
     """Products whose rows a few threads sum in chunks of neighbouring elements, read as
     vectors where the row splits into them (128, 256, 4096), element by element where not
-    (200); float32 and float16 weights, against NumPy."""
+    (200); float32, float16 and bfloat16 weights where the device has them, against NumPy."""
     rng = np.random.default_rng()
     x = rng.standard_normal((2, 1, k)).astype(np.float32)
     w = rng.standard_normal((1024, k)).astype(np.float32) / np.float32(np.sqrt(k))

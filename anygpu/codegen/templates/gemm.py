@@ -115,10 +115,8 @@ def _loads(e: ir.Expr, out: list[ir.Expr], seen: set[int]) -> list[ir.Expr]:
     return out
 
 
-_INT_OPS: dict[str, Callable[[int, int], int]] = {
-    "add": lambda a, b: a + b, "mul": lambda a, b: a * b, "sub": lambda a, b: a - b,
-    "idiv": lambda a, b: int(a / b) if b else 0, "mod": lambda a, b: a - int(a / b) * b if b else 0,
-    "lt": lambda a, b: int(a < b), "max": max}
+# the operators index expressions are evaluated through
+_INT_OPS = {op: ir.INT_FOLDS[op] for op in ("add", "mul", "sub", "idiv", "mod", "lt", "max")}
 
 
 def loads(e: ir.Expr, seen: set[int] | None = None) -> list[ir.Expr]:
