@@ -7,7 +7,8 @@ Expression ops:
   const (arg value), var (arg name), special (arg "lid" | "gid" | "ngroups", or one of
   ``SUBGROUP_SPECIALS``), load (arg buffer name; srcs (index,) or (index, guard): a guarded load
   reads 0 when the guard is false), cast (to the expression's dtype), where (cond, a, b),
-  subgroup_reduce (see :func:`subgroup_reduce`), and the arithmetic of ``ALU_OPS``. Values of
+  subgroup_reduce (see :func:`subgroup_reduce`), pack_halves (see :func:`pack_halves`), and the
+  arithmetic of ``ALU_OPS``. Values of
   dtype float16/bfloat16 are computed in float32 by the renderers and rounded where they are cast
   or stored.
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import Any, Callable, ClassVar
 
-from anygpu.dtype import DType, bool_, int32, int64, wrap_int
+from anygpu.dtype import DType, bool_, int32, int64, uint32, wrap_int
 
 ALU_OPS = {"neg", "exp2", "log2", "sin", "sqrt", "recip", "trunc", "not", "add", "sub", "mul",
            "div", "idiv", "mod", "max", "min", "lt", "eq", "ne", "and", "or", "xor", "shl",
@@ -158,6 +159,12 @@ def load(buf: str, dtype: DType, index: Expr, guard: Expr | None = None) -> Expr
     return Expr("load", dtype, (index,) if guard is None else (index, guard), buf)
 
 
+def pack_halves(low: Expr, high: Expr, dtype: DType) -> Expr:
+    """One 32-bit word (uint32) holding ``low`` and ``high`` rounded to ``dtype`` (float16 or
+    bfloat16), ``low`` in its low half: a tensor-core fragment register (CUDA only)."""
+    return Expr("pack_halves", uint32, (low, high), dtype)
+
+
 def subgroup_reduce(op: str, value: Expr, width: int | None = None) -> Expr:
     """``op`` ("add", "max" or "mul", as ``alu``) of ``value`` over lanes of a subgroup, every
     lane receiving the result: over each aligned group of ``width`` neighbouring lanes (a power
@@ -264,7 +271,9 @@ class LocalArray:
 class VecLoad:
     """Declares ``names`` from consecutive elements ``buf[index + i]`` of a local array, or of
     a kernel parameter (``dtype``: its stored dtype), in one vector load where the dialect has
-    one (``index`` is a multiple of ``len(names)``)."""
+    one (``index`` is a multiple of ``len(names)``). ``dtype`` uint32 on a parameter of 16-bit
+    elements (CUDA) declares the raw 32-bit words, two elements each, from element ``index``
+    on: tensor-core fragment registers."""
 
     names: list[str]
     dtype: DType

@@ -507,7 +507,12 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
     # per 9-element row ran max pooling at 26 GB/s
     short_rows = red_total <= 32 and outer_total >= 8192
     contiguous = ast.dims[-1][2] or reduce_is_contiguous(ast)
-    if contiguous and _segments_fit(ast, outer_total, red_total, max_local,
+    if contiguous and dialect == "cuda":
+        from anygpu.codegen.templates import mma_rows  # (it builds on this module)
+        how = mma_rows.plan(ast, _shared_rows(ast, outer_total), dialect, features)
+        if how is not None:
+            return mma_rows.build(ast, how, params, name)
+    if contiguous and _segments_fit(ast, outer_total, red_total, max_local, dialect,
                                     features.get("subgroup")):
         return _segment_per_output(ast, name, params, store, outer_total, red_total, max_local,
                                    dialect, features.get("subgroup"))
@@ -873,7 +878,22 @@ def reduce_is_contiguous(ast: KernelAST) -> bool:
 
 
 def _index_step(index: ir.Expr, var: str, span: int = 64) -> float | None:
-    """How far ``index`` moves per step of ``var``, on average over ``span`` steps."""
+    """How far ``index`` moves per step of ``var``, on average over ``span`` steps. Loads
+    within the index that do not read ``var`` (a sequence's slot in a paged cache) count as 0:
+    they move nothing along it."""
+    table: dict[int, ir.Expr] = {}
+    stack, seen = [index], set()
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if e.op == "load" and var not in _names(e):
+            table[id(e)] = ir.const(0, e.dtype)
+        else:
+            stack.extend(e.srcs)
+    if table:
+        index = _replace(index, table, {})
     at0, at1 = gemm.evaluate(index, {}), gemm.evaluate(index, {var: span})
     return None if at0 is None or at1 is None else abs(at1 - at0) / span
 
@@ -954,13 +974,15 @@ SEGMENT_UNROLL = 8
 SEGMENT_SUMS = 32
 
 
-def _segment_unroll(red_total: int, sums: int, most: int = SEGMENT_UNROLL) -> int:
+def _segment_unroll(red_total: int, sums: int, most: int = SEGMENT_UNROLL,
+                    lanes: int = SEGMENT) -> int:
     """How many of a row's elements (or chunks of elements) each segment thread sums per step
     of its loop: a power of two at most ``most``, SEGMENT_SUMS over ``sums`` (accumulators per
-    element), that divides the row (``red_total`` elements or chunks) into whole steps."""
+    element), that divides the row (``red_total`` elements or chunks) into whole steps of the
+    segment's ``lanes``."""
     unroll = 1
     while (unroll * 2 <= most and unroll * 2 * sums <= SEGMENT_SUMS and
-           red_total % (SEGMENT * unroll * 2) == 0):
+           red_total % (lanes * unroll * 2) == 0):
         unroll *= 2
     return unroll
 
@@ -976,30 +998,48 @@ VECTOR_DTYPES = frozenset({float32, float16, bfloat16, int32, uint32})
 VECTOR_DIALECTS = frozenset({"cuda", "hip", "opencl"})
 
 
+# the fewest lanes of a segment (rows of few chunks: 128 float16 elements, one attention
+# head's query times a cached key)
+MIN_SEGMENT = 4
+
+
+def _segment_lanes(chunks: int) -> int:
+    """The lanes of a segment whose row has ``chunks`` chunks: SEGMENT, halved while each lane
+    would get fewer than two chunks and the chunks still divide evenly (a decode step of 16
+    sequences read its cached keys at 0.7 TB/s on an H200 with 32 lanes to each 256-byte
+    row)."""
+    lanes = SEGMENT
+    while lanes > MIN_SEGMENT and chunks < 2 * lanes and chunks % (lanes // 2) == 0:
+        lanes //= 2
+    return lanes
+
+
 def _segment_steps(ast: KernelAST, values: list[ir.Expr], red_total: int, dialect: str
-                   ) -> tuple[int, int]:
-    """How a segment's thread walks its row: chunks of how many neighbouring elements, and how
-    many chunks per step of its loop. A chunk spans SEGMENT_VECTOR_BYTES of the largest operand
-    that runs along the row (a weight matrix's row; 32 elements of 4-bit weights, one
-    int32 word per 8), so that it is read as one vector; chunks of one element where the
-    dialect has no vector loads, or the row does not split into such chunks."""
+                   ) -> tuple[int, int, int]:
+    """How a segment's threads walk their row: chunks of how many neighbouring elements, how
+    many chunks per step of each thread's loop, and how many lanes (``_segment_lanes``). A
+    chunk spans SEGMENT_VECTOR_BYTES of the largest operand that runs along the row (a weight
+    matrix's row; 32 elements of 4-bit weights, one int32 word per 8), so that it is read as
+    one vector; chunks of one element where the dialect has no vector loads, or the row does
+    not split into such chunks."""
     sizes = {f"b{i + 1}": n.numel * n.dtype.itemsize for i, n in enumerate(ast.inputs)}
     inner = ast.reduce[-1][0]
     steps = {id(ld): _index_step(ld.srcs[0], inner) or 0 for value in values
              for ld in gemm.loads(value) if ld.dtype in VECTOR_DTYPES and len(ld.srcs) == 1}
     runs = [ld for value in values for ld in gemm.loads(value) if 0 < steps.get(id(ld), 0) <= 1]
     if dialect not in VECTOR_DIALECTS or not runs:
-        return 1, _segment_unroll(red_total, len(values))
+        return 1, _segment_unroll(red_total, len(values)), SEGMENT
     main = max(runs, key=lambda ld: sizes.get(ld.arg, 0))
     per_index = round(1 / steps[id(main)])  # elements per element read
     width = SEGMENT_VECTOR_BYTES // main.dtype.itemsize * per_index
-    while width > per_index and (red_total % (SEGMENT * width) or
-                                 ast.reduce[-1][1] % width):
+    while width > per_index and (red_total % width or ast.reduce[-1][1] % width or
+                                 (red_total // width) % _segment_lanes(red_total // width)):
         width //= 2
     if width * main.dtype.itemsize < 4 * per_index:  # less than a word of it per chunk
-        return 1, _segment_unroll(red_total, len(values))
+        return 1, _segment_unroll(red_total, len(values)), SEGMENT
+    lanes = _segment_lanes(red_total // width)
     return width, _segment_unroll(red_total // width, len(values) * width,
-                                  SEGMENT_VECTOR_UNROLL)
+                                  SEGMENT_VECTOR_UNROLL, lanes), lanes
 
 
 def _vector_reads(copies: list[list[ir.Expr]], axes: list[tuple[str, int]], prefix: str
@@ -1007,10 +1047,12 @@ def _vector_reads(copies: list[list[ir.Expr]], axes: list[tuple[str, int]], pref
     """Vector loads for a thread's chunk: ``copies[v]`` are the values it sums for the chunk's
     element ``v``. Loads at neighbouring addresses across the elements (each element its own:
     a float16 weight; or every ``k`` elements one: a word of eight 4-bit weights), linear in
-    ``axes`` (the output axes and the chunk) and aligned to the vector, become ``VecLoad``s of
-    at most SEGMENT_VECTOR_BYTES, read before the sums; returns them and the copies reading
-    their names instead."""
+    ``axes`` (the output axes, then the chunk) and aligned to the vector, become ``VecLoad``s
+    of at most SEGMENT_VECTOR_BYTES, read before the sums; returns them and the copies reading
+    their names instead. An index may read memory where that moves it by whole vectors (a
+    sequence's slot in a paged cache: ``_without_indirection``)."""
     width = len(copies)
+    chunk = axes[-1][0]  # the variable whose step is a chunk
     per_copy = []
     for copy in copies:
         seen: set[int] = set()
@@ -1024,7 +1066,9 @@ def _vector_reads(copies: list[list[ir.Expr]], axes: list[tuple[str, int]], pref
         if first.dtype not in VECTOR_DTYPES or any(
                 len(ld.srcs) != 1 or ld.arg != first.arg for ld in group):
             continue
-        ops = [op for op in (gemm.linear_operand(ld, axes, ld.dtype) for ld in group)
+        multiple = max(SEGMENT_VECTOR_BYTES // first.dtype.itemsize, 1)
+        ops = [op for op in (gemm.linear_operand(_without_indirection(ld, multiple, chunk),
+                                                 axes, ld.dtype) for ld in group)
                if op is not None]
         if len(ops) != width or any(op.strides != ops[0].strides for op in ops):
             continue
@@ -1049,6 +1093,50 @@ def _vector_reads(copies: list[list[ir.Expr]], axes: list[tuple[str, int]], pref
             table[id(ld)] = ir.var(names[d], first.dtype)
     return reads, [[_replace(value, table, {}) for value in copy]
                    for copy, table in zip(copies, tables)]
+
+
+def _without_indirection(load: ir.Expr, multiple: int, chunk: str) -> ir.Expr:
+    """``load`` with the loads inside its index (a sequence's slot in a paged cache) read as
+    0, where each is a factor of a term that a constant multiple of ``multiple`` scales and
+    that does not move with the ``chunk`` variable, so that whatever it reads moves a chunk's
+    address by whole vectors; else ``load`` as it is (and the index stays nonlinear)."""
+    if load.op != "load" or len(load.srcs) != 1:
+        return load
+    table: dict[int, ir.Expr] = {}
+    stack, seen = [load.srcs[0]], set()
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if e.op == "mul" and not e.dtype.is_float:
+            a, b = e.srcs
+            scaled = b if a.op == "const" else a if b.op == "const" else None
+            factor = a if b is scaled else b
+            if scaled is not None and factor.op == "const" and factor.arg % multiple == 0 and \
+                    _loads_within(scaled) and chunk not in _names(scaled):
+                table[id(scaled)] = ir.const(0, scaled.dtype)
+                continue
+        if e.op == "load":
+            return load  # an address read from memory at no known multiple
+        stack.extend(e.srcs)
+    if not table:
+        return load
+    return ir.load(load.arg, load.dtype, _replace(load.srcs[0], table, {}))
+
+
+def _loads_within(e: ir.Expr) -> bool:
+    """Whether ``e`` reads memory."""
+    stack, seen = [e], set()
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x.op == "load":
+            return True
+        stack.extend(x.srcs)
+    return False
 
 
 def _fold(e: ir.Expr, known: frozenset[str], memo: dict[int, ir.Expr]) -> ir.Expr:
@@ -1149,12 +1237,13 @@ def _segment_row_limit(ast: KernelAST, local: int, subgroup: int | str | None) -
 
 
 def _segments_fit(ast: KernelAST, outer_total: int, red_total: int, max_local: int,
-                  subgroup: int | str | None) -> bool:
+                  dialect: str, subgroup: int | str | None) -> bool:
     """Whether ``_segment_per_output`` computes the kernel: rows of 128 elements or more
     summed into one value each, of outputs enough to fill work-groups of several segments
     evenly, the stages independent of each other."""
     local = min(256, _pow2_at_most(max_local))
-    per_group = local // SEGMENT
+    lanes = _segment_steps(ast, [st.value for st in ast.stages], red_total, dialect)[2]
+    per_group = local // lanes
     shared = _shared_rows(ast, outer_total, _segment_row_limit(ast, local, subgroup))
     outputs = outer_total // (shared[1] if shared else 1)
     return (ast.reduced_output and red_total >= 128 and per_group >= 2 and
@@ -1166,7 +1255,8 @@ def _segments_fit(ast: KernelAST, outer_total: int, red_total: int, max_local: i
 def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store: ir.Store,
                         outer_total: int, red_total: int, max_local: int, dialect: str,
                         subgroup: int | str | None) -> ir.Kernel:
-    """Each output's row summed by a segment of SEGMENT neighbouring threads, a work-group
+    """Each output's row summed by a segment of neighbouring threads (SEGMENT, fewer for rows
+    of few chunks), a work-group
     computing several outputs: a matrix-vector product's weights read in coalesced runs, its
     partial sums combined within the segment alone (by warp shuffles where the device has
     them, else through local memory), no work-group-wide barrier. Rows that read the same
@@ -1176,17 +1266,19 @@ def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store
     such products with a work-group per output."""
     dt = ast.index_dtype
     local = min(256, _pow2_at_most(max_local))
-    per_group = local // SEGMENT
+    # the lanes of a segment, as ``_segments_fit`` found them (the rows' loads are the stages')
+    width, _, lanes = _segment_steps(ast, [st.value for st in ast.stages], red_total, dialect)
+    per_group = local // lanes
     lid = ir.special("lid")
     shared = _shared_rows(ast, outer_total, _segment_row_limit(ast, local, subgroup))
     rows, outer = _rows_of(ast, shared, dt)
     outputs = outer_total // len(rows)
     lane = ir.var("lane", dt)
     body: list[ir.Stmt] = [
-        ir.Decl("lane", dt, ir.alu("mod", lid, ir.const(SEGMENT, dt))),
+        ir.Decl("lane", dt, ir.alu("mod", lid, ir.const(lanes, dt))),
         ir.Decl("oflat", dt, ir.alu("add", ir.alu("mul", ir.special("gid"),
                                                   ir.const(per_group, dt)),
-                                    ir.alu("idiv", lid, ir.const(SEGMENT, dt))))]
+                                    ir.alu("idiv", lid, ir.const(lanes, dt))))]
     body += _decompose(ir.var("oflat", dt), outer)
     renames: list[dict[str, ir.Expr]] = [dict(row) for row in rows]
     # the stages are independent: one loop sums them all, their common terms (a normalized
@@ -1194,14 +1286,14 @@ def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store
     sums = [(stage, n, value) for k, stage in enumerate(ast.stages)
             for n, value in zip(*_row_accumulators(stage, k, rows, renames, body))]
     values = [value for _, _, value in sums]
-    width, unroll = _segment_steps(ast, values, red_total, dialect)
+    unroll = _segment_steps(ast, values, red_total, dialect)[1]
     chunks = red_total // width
     axes = [(name, size) for name, size, _ in outer] + [("ridx", chunks)]
     known = frozenset({"ridx", *(name for name, _ in axes)})  # indices, none negative
     step: list[ir.Stmt] = []
     for u in range(unroll):
         # the thread's chunk: ``width`` neighbouring elements, read as vectors where they can be
-        chunk = ir.alu("add", ir.var("ridx", dt), ir.const(u * SEGMENT, dt))
+        chunk = ir.alu("add", ir.var("ridx", dt), ir.const(u * lanes, dt))
         copies = []
         for v in range(width):
             at = _reduce_index(ast, ir.alu("add", ir.alu("mul", chunk, ir.const(width, dt)),
@@ -1222,7 +1314,7 @@ def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store
             step += [ir.Assign(f"acc{n}", ir.alu(REDUCE_ALU[stage.op],
                                                  ir.var(f"acc{n}", stage.dtype), value))
                      for (stage, n, _), value in zip(sums, copy)]
-    body.append(ir.For("ridx", lane, ir.const(chunks, dt), ir.const(SEGMENT * unroll, dt),
+    body.append(ir.For("ridx", lane, ir.const(chunks, dt), ir.const(lanes * unroll, dt),
                        step))
     for stage in ast.stages:
         op = REDUCE_ALU[stage.op]
@@ -1233,10 +1325,10 @@ def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store
             acc, lmem = f"acc{n}", f"lmem{n}"
             accv = ir.var(acc, stage.dtype)
             if shuffles:
-                body.append(ir.Assign(acc, ir.subgroup_reduce(op, accv, SEGMENT)))
+                body.append(ir.Assign(acc, ir.subgroup_reduce(op, accv, lanes)))
                 continue
             body += _local_combine(acc, lmem, stage.dtype, op, local, lane,
-                                   ir.alu("sub", lid, lane), dt, SEGMENT)
+                                   ir.alu("sub", lid, lane), dt, lanes)
     body.append(ir.If(ir.alu("eq", lane, ir.const(0, dt)), _row_stores(store, renames)))
     arrays = [st for st in body if isinstance(st, ir.LocalArray)]
     rest = [st for st in body if not isinstance(st, ir.LocalArray)]
@@ -1394,8 +1486,12 @@ def _combine_subgroups(stage: Stage, k: int, local: int,
 
 # neighbouring outputs that a work-group of _split_columns computes (a warp's coalesced run)
 SPLIT_COLUMNS = 32
-# threads enough to keep a GPU's memory busy: _split_columns splits rows until there are
-SPLIT_THREADS = 1 << 16
+# threads enough to keep a GPU's memory busy: _split_columns splits rows until there are (a
+# decode step of 16 sequences read its value cache at 460 GB/s on an H200 with a thread per
+# output, 65536 of them)
+SPLIT_THREADS = 1 << 20
+# threads sharing an output's sum, at most
+SPLIT_MOST = 16
 # elements each thread of _split_columns sums at the least
 SPLIT_MIN_ELEMENTS = 16
 
@@ -1407,7 +1503,7 @@ def _column_splits(ast: KernelAST, outer_total: int, red_total: int, max_local: 
     if not ast.reduced_output or outer_total % SPLIT_COLUMNS or \
             not 0 < outer_total < SPLIT_THREADS:
         return 1
-    most = min(_pow2_at_most(min(max_local, 1024)) // SPLIT_COLUMNS,
+    most = min(_pow2_at_most(min(max_local, 1024)) // SPLIT_COLUMNS, SPLIT_MOST,
                SPLIT_THREADS // outer_total, red_total // SPLIT_MIN_ELEMENTS)
     return _pow2_at_most(most) if most >= 2 else 1
 

@@ -247,6 +247,14 @@ _FUSED_OPERAND_COST = 12
 # already costs more than storing it (the demo's batch norm and ReLU before its second
 # convolution, computed 16 times per element, took half the training step).
 _FUSED_OPERAND_COST_CPU = 3
+# An untiled product on a GPU computes a fused operand again for every output that reads it:
+# where the operand's smaller side has this many rows or more (a decode step's sequences, or a
+# step's query heads against their cached keys), elementwise work costing 2 or more is stored
+# first. A Llama-2-7B step of 16 sequences on an H200 read its query/key/value weights at
+# 1.2 TB/s with RMSNorm fused in, the feed-forward ones (two products sharing it) at 1.9, and
+# its cached keys at 1.0 with RoPE fused into the queries.
+_FUSED_ROWS = 8
+_FUSED_ROWS_COST = 2
 _COSTLY = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.DIV, Op.IDIV, Op.MOD})
 
 
@@ -340,10 +348,14 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
                     other.srcs[0].numel >= 1 << 21 and not is_boundary(other, root) and \
                     (blas or _tiled_product(other)):
                 other.keep = True
+    summed = max(product.numel // max(node.numel, 1), 1)  # elements summed into each output
     for below in operands:
         limit = _FUSED_OPERAND_COST if not cpu else _FUSED_OPERAND_COST_CPU
-        if (blas or streamed) and all(below.numel <= other.numel for other in operands):
+        smaller = all(below.numel <= other.numel for other in operands)
+        if (blas or streamed) and smaller:
             limit = 1  # the smaller side (activations, not weights dequantized in the loads)
+        elif not on_cpu and not tiled and smaller and below.numel // summed >= _FUSED_ROWS:
+            limit = _FUSED_ROWS_COST
         if below.op in ELEMENTWISE and not is_boundary(below, root) and \
                 _operand_cost(below, root, limit) >= limit:
             below.keep = True

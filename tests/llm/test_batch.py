@@ -146,3 +146,40 @@ def test_prompts_prefilled_together_match_each_alone(device, loaded):
                                    rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="no tokens"):
         lm.prefill_batch({0: []})
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_half_precision_step_of_sixteen_matches_each_alone(device, dtype):
+    """A float16 or bfloat16 model wide enough for the products of many rows (on CUDA, the
+    tensor cores' rows: normalized activations rounded into the fragments, SwiGLU's two
+    products in one loop): a decode step of 16 sequences gives each the logits it gets decoded
+    alone (one row: the segments), to the dtype's tolerance."""
+    from anygpu import dtype as dt
+    from anygpu.llm.bench import CONFIGS, random_weights
+    from anygpu.llm.config import ModelConfig
+    from anygpu.llm.engine import LanguageModel
+    from anygpu.llm.model import Transformer
+    from anygpu.runtime.registry import get_device
+
+    half = getattr(dt, dtype)
+    if not get_device(device).supports(half):
+        pytest.skip(f"{dtype} is not supported on {device}")
+    raw = dict(CONFIGS["llama-2-7b"], hidden_size=512, intermediate_size=1024,
+               num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8, vocab_size=512)
+    cfg = ModelConfig.from_dict(raw, "wide")
+    model = Transformer(cfg, random_weights(cfg, device, half, seed=5), device, half, 64,
+                        max_batch=16)
+    lm = LanguageModel(model, None, cfg, "wide")
+    rng = np.random.default_rng()
+    prompts = {slot: rng.integers(0, 512, 3 + slot % 4).tolist() for slot in range(16)}
+    for slot, prompt in prompts.items():
+        lm.prefill(prompt, slot)
+    tokens = {slot: int(rng.integers(0, 512)) for slot in range(16)}
+    together = lm.decode_batch(tokens)
+    tol = 2e-2 if dtype == "float16" else 8e-2
+    for slot in (0, 9, 15):
+        lm.reset(slot)
+        lm.prefill(prompts[slot], slot)
+        alone = lm.decode(tokens[slot], slot)
+        scale = max(float(np.abs(alone).max()), 1.0)
+        np.testing.assert_allclose(together[slot], alone, rtol=tol, atol=tol * scale)

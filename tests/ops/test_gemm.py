@@ -5,6 +5,8 @@ epilogues, reduced precisions and gradients."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -276,3 +278,63 @@ def test_tf32_layouts(device: str, ta: bool, tb: bool) -> None:
     ta_, tb_ = torch.from_numpy(a).double(), torch.from_numpy(b).double()
     want = ((ta_.T if ta else ta_) @ (tb_.T if tb else tb_)).numpy()
     assert np.abs(got - want).max() <= 4e-3 * float(np.abs(want).max())
+
+
+def _few_rows(device: str, dtype: ag.DType, rows: int, k: int, n: int = 1000
+              ) -> tuple[ag.Tensor, torch.Tensor]:
+    """A batched decode step's feed-forward product: ``rows`` RMS-normalized activations
+    against SwiGLU's two weight matrices of ``n`` rows, and the same in PyTorch."""
+    x, nw = _rand((rows, 1, k), 30 + rows), _rand((k,), 31)
+    wg, wu = _rand((n, k), 32) / np.float32(np.sqrt(k)), _rand((n, k), 33) / np.float32(np.sqrt(k))
+    tx, tn, tg, tu = (ag.tensor(v, device=device).cast(dtype).realize() for v in (x, nw, wg, wu))
+    xf = tx.float()
+    h = (xf * (xf.square().mean(-1, keepdim=True) + 1e-5).rsqrt()).cast(dtype) * tn
+    out = (h @ tg.T).silu() * (h @ tu.T)
+    px, pn, pg, pu = (torch.from_numpy(v).to(TORCH[dtype]) for v in (x, nw, wg, wu))
+    pf = px.float()
+    ph = ((pf * torch.rsqrt(pf.square().mean(-1, keepdim=True) + 1e-5)).to(TORCH[dtype]) *
+          pn).float()
+    want = torch.nn.functional.silu(ph @ pg.float().T) * (ph @ pu.float().T)
+    return out, want
+
+
+@pytest.mark.parametrize("dtype", [ag.float16, ag.bfloat16])
+@pytest.mark.parametrize("rows,k", [(2, 1056), (5, 2048), (9, 1056), (16, 2048)])
+def test_few_rows_against_large_matrices(device: str, dtype: ag.DType, rows: int,
+                                         k: int) -> None:
+    """Products of a few rows (a batched decode step's sequences) against 1000-row weight
+    matrices, each weight read once for every row: on tensor cores on CUDA from sm_80 (the
+    rows an mma fragment's m), elsewhere on the device's segments. The normalization is fused
+    in and SwiGLU's two products summed in one loop; k a multiple of 32 that the warps' steps
+    divide (2048) and one they do not (1056), columns no multiple of a work-group's; against
+    PyTorch."""
+    if not get_device(device).supports(dtype):
+        pytest.skip(f"{dtype.name} is not supported on {device}")
+    out, want = _few_rows(device, dtype, rows, k)
+    assert ("tensor-core rows" in _template(out)) == _pipelined_here(device)
+    _check(out, want, dtype)
+
+
+def test_tensor_core_rows_kernel_renders() -> None:
+    """The tensor-core rows kernel as CUDA renders it (checked here without a GPU; the GPU check
+    runs it): the raw words of the rows (scaled rows, computed by a kernel of their own) and of
+    the weights read as 16-byte vectors straight into the fragments, two mma.sync per fragment
+    and block of 32; float32 products and devices before sm_80 keep the segments."""
+    from anygpu.codegen.render.cstyle import render
+
+    def last_kernel(dtype: ag.DType, features: dict) -> Any:
+        x, scale, w = _rand((16, 1, 2048), 40), _rand((16, 1, 1), 41), _rand((1000, 2048), 42)
+        tx, tw = (ag.tensor(v).cast(dtype).realize() for v in (x, w))
+        h = (tx.float() * ag.tensor(scale).realize()).cast(dtype)
+        item = [i for i in schedule([(h @ tw.T).lazy]) if isinstance(i, KernelItem)][-1]
+        return lower.to_ir(item.ast, "cuda", 1024, features)
+
+    kernel = last_kernel(ag.float16, {"cc": (9, 0), "subgroup": 32})
+    assert kernel.meta["template"] == "tensor-core rows (16 rows, 8 columns a group)"
+    source = render(kernel, "cuda")
+    # a fragment of 8 columns, 2 halves of a block of 32, 4 blocks a step
+    assert source.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 8
+    # raw words of the two rows' halves and the weights', for each of the 4 blocks
+    assert source.count("reinterpret_cast<const unsigned int*>") == 4 * 3
+    assert "template" not in last_kernel(ag.float16, {"cc": (7, 5), "subgroup": 32}).meta
+    assert "template" not in last_kernel(ag.float32, {"cc": (9, 0), "subgroup": 32}).meta

@@ -152,6 +152,8 @@ class CStyleRenderer:
         if op == "where":
             c, a, b = (self.expr(s) for s in e.srcs)
             return self.select(c, a, b)
+        if op == "pack_halves":
+            return self.pack_halves(self.expr(e.srcs[0]), self.expr(e.srcs[1]), e.arg)
         if op == "subgroup_reduce":
             self.uses_subgroups = True
             return self.subgroup_reduce(e.arg[0], e.srcs[0], e.arg[1])
@@ -196,6 +198,9 @@ class CStyleRenderer:
         safe = self.select(bad, self.literal(1, dtype), b)
         result = self.wrap(self.int_op(e.op, a_text, safe), dtype)
         return self.select(is_zero, zero, result)
+
+    def pack_halves(self, low: str, high: str, dtype: DType) -> str:
+        raise NotImplementedError(f"packed halves are not available in {self.dialect}")
 
     def subgroup_reduce(self, op: str, value: ir.Expr, width: int | None) -> str:
         raise NotImplementedError(f"subgroup reductions are not available in {self.dialect}")
@@ -440,7 +445,8 @@ def uses_dtype(kernel: ir.Kernel, dtype: DType) -> bool:
         if id(e) in seen:
             return False
         seen.add(id(e))
-        return e.dtype == dtype or any(visit(s) for s in e.srcs)
+        return e.dtype == dtype or (e.op == "pack_halves" and e.arg == dtype) or \
+            any(visit(s) for s in e.srcs)
 
     return any(visit(e) for st in _walk(kernel.body) for e in _stmt_exprs(st))
 

@@ -76,6 +76,13 @@ class CUDARenderer(CStyleRenderer):
                 f'{{%0,%1,%2,%3}}, {{{a_list}}}, {{{b_list}}}, {{%0,%1,%2,%3}};" : {ops} : '
                 f'{", ".join(regs)});')
 
+    def pack_halves(self, low: str, high: str, dtype: DType) -> str:
+        if dtype == bfloat16:
+            bits, rn = "__bfloat16_as_ushort", "__float2bfloat16_rn"
+        else:
+            bits, rn = "__half_as_ushort", "__float2half_rn"
+        return f"((unsigned int){bits}({rn}({low})) | ((unsigned int){bits}({rn}({high})) << 16))"
+
     def async_stmt(self, st: ir.LdMatrix | ir.AsyncCopy | ir.AsyncCommit | ir.AsyncWait) -> str:
         if isinstance(st, ir.LdMatrix):
             regs = ", ".join(f'"=r"({n})' for n in st.names)

@@ -1,0 +1,247 @@
+"""Few rows against a large matrix on tensor cores: the products of a batched decode step.
+
+A decode step of 2 to 16 sequences multiplies each layer's weight matrix by as many rows of
+activations (``x @ W.T``, x of M <= 16 rows). The segment lowering computes such rows together
+(``lower._shared_rows``), each weight read once, but on SIMT units it spends 16 multiply-adds
+and 16 conversions per weight: a Llama-2-7B step of 16 sequences on an H200 ran its 11008-row
+products at 0.1 TB/s, compute-bound. Here the rows are the 16 rows of an ``mma.sync`` m16n8k16
+fragment and the weights its columns, so the tensor cores do the arithmetic and the weights
+stream at the memory's rate.
+
+A work-group of WARPS warps computes ``8 * ni`` columns (outputs along the weight's rows) of
+every row and stage; its warps split k, warp ``w`` taking the 32-element blocks ``w``,
+``w + WARPS``, ..., and combine their float32 partial sums through local memory at the end.
+Each lane reads its fragments straight from memory, without local tiles: the sum over k does
+not depend on the order of its terms, so the lane that an mma gives k-slots 2t, 2t + 1, 2t + 8
+and 2t + 9 of a block of 16 is handed the 8 consecutive elements 8t .. 8t + 7 of a block of 32,
+the first four for one mma and the last four for the next, in the A fragment (the activations)
+and the B fragment (the weights) alike. So every lane reads 16 consecutive bytes of a weight
+row per block: one vector load, the raw words of a float16 or bfloat16 matrix going straight
+into the fragment registers. Computed operands (a fused normalization's output, 4-bit weights
+scaled) are evaluated in float32 and rounded into the fragment's dtype, as a framework rounds
+a model's activations to its dtype between layers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from anygpu.codegen import ir, lower
+from anygpu.codegen.templates import gemm
+from anygpu.dtype import DType, bfloat16, float16, float32, uint32
+
+WARPS = 8
+# columns of each work-group, in fragments of 8: at most this many accumulators of 16 x 8 per
+# stage and lane
+MAX_FRAGMENTS = 4
+# fewer work-groups than this take fewer columns each (on an H200, a Llama-2-7B step of 16
+# sequences: 256 groups of 16 columns read the 4096 x 4096 weights at 2.0 TB/s, 512 groups of 8
+# at 1.7)
+MIN_GROUPS = 256
+# k-blocks of 32 each warp reads per step of its loop, at most (its fragments' loads in flight)
+MAX_UNROLL = 4
+# weight loads per lane and step the unrolling aims at
+LOADS_PER_STEP = 4
+
+
+def _factors(value: ir.Expr, shared: str) -> tuple[ir.Expr, ir.Expr] | None:
+    """(x, w) of a stage's ``x * w``: x reads the shared axis (the rows), w does not."""
+    if value.op != "mul":
+        return None
+    a, b = value.srcs
+    va, vb = lower._names(a), lower._names(b)
+    if shared in va and shared not in vb:
+        return a, b
+    if shared in vb and shared not in va:
+        return b, a
+    return None
+
+
+def _fragment_dtype(pairs: list[tuple[ir.Expr, ir.Expr]]) -> DType | None:
+    """The dtype of the fragments: that of every stage's operands where it is the same 16-bit
+    float (a float16 or bfloat16 model's activations and weights, 4-bit weights scaled to
+    float16), else None (a float32 model keeps its precision on the SIMT path)."""
+    dtypes = {v.dtype for pair in pairs for v in pair}
+    return dtypes.pop() if len(dtypes) == 1 and dtypes <= {float16, bfloat16} else None
+
+
+def plan(ast: Any, shared: tuple[str, int] | None, dialect: str, features: dict
+         ) -> dict | None:
+    """What ``build`` needs where the tensor cores compute ``ast``, else None: CUDA from
+    compute capability 8.0, rows shared by a work-group (``lower._shared_rows``), every stage
+    a float sum of ``x * w`` over a row of a multiple of 32 elements (256 or more) whose
+    operands load 16-bit floats, and 256 or more columns."""
+    if dialect != "cuda" or features.get("cc", (0, 0)) < (8, 0) or shared is None:
+        return None
+    red_total = math.prod(d[1] for d in ast.reduce)
+    columns = math.prod(d[1] for d in ast.outer) // shared[1]
+    if red_total % 32 or red_total < 256 or columns < 256 or len(ast.stages) > MAX_FRAGMENTS:
+        return None
+    pairs = []
+    others = {n for n, _, _ in ast.outer if n != shared[0]}
+    for stage in ast.stages:
+        if stage.op.name != "SUM" or not stage.dtype.is_float:
+            return None
+        pair = _factors(stage.value, shared[0])
+        if pair is None or lower._names(pair[0]) & others:
+            return None
+        pairs.append(pair)
+    dtype = _fragment_dtype(pairs)
+    if dtype is None:
+        return None
+    stages = len(ast.stages)
+    ni = max(MAX_FRAGMENTS // stages, 1)
+    while ni > 1 and -(-columns // (8 * ni)) < MIN_GROUPS:
+        ni //= 2
+    blocks = red_total // 32
+    unroll = 1
+    while unroll * 2 <= MAX_UNROLL and stages * ni * unroll * 2 <= LOADS_PER_STEP and \
+            blocks >= WARPS * unroll * 2:
+        unroll *= 2
+    return {"pairs": pairs, "dtype": dtype, "ni": ni, "unroll": unroll, "columns": columns,
+            "rows": shared[1], "shared": shared[0], "red_total": red_total}
+
+
+def _words(values: list[ir.Expr], axes: list[tuple[str, int]], dtype: DType, prefix: str
+           ) -> tuple[list[ir.Stmt], list[str]]:
+    """Four fragment registers from eight consecutive elements ``values`` of an operand: the
+    raw words of one vector load where the elements are a plain 16-bit load of ``dtype``,
+    aligned and contiguous; else each evaluated (its loads read as vectors where they can) and
+    rounded in pairs."""
+    memo: dict[int, ir.Expr] = {}
+    known = frozenset(name for name, _ in axes)
+    folded = [lower._fold(v, known, memo) for v in values]
+    reads, copies = lower._vector_reads([[v] for v in folded], axes, prefix)
+    names = [f"{prefix}w{q}" for q in range(4)]
+    if len(reads) == 1 and isinstance(reads[0], ir.VecLoad) and reads[0].dtype == dtype and \
+            len(reads[0].names) == 8 and \
+            all(c[0] is ir.var(n, dtype) for c, n in zip(copies, reads[0].names)):
+        return [ir.VecLoad(names, uint32, reads[0].buf, reads[0].index)], names
+    stmts = reads + [ir.Decl(names[q], uint32, ir.pack_halves(copies[2 * q][0],
+                                                              copies[2 * q + 1][0], dtype))
+                     for q in range(4)]
+    return stmts, names
+
+
+def build(ast: Any, how: dict, params: list[ir.Param], name: str) -> ir.Kernel:
+    """The kernel of ``ast`` as ``plan`` described it (see the module's docstring)."""
+    dt = ast.index_dtype
+    pairs, dtype, ni, unroll = how["pairs"], how["dtype"], how["ni"], how["unroll"]
+    rows, columns, shared, red_total = how["rows"], how["columns"], how["shared"], how["red_total"]
+    stages = len(pairs)
+    outer = [(n, s) for n, s, _ in ast.outer if n != shared]
+    width = 8 * ni  # columns per work-group
+
+    def const(v: int) -> ir.Expr:
+        return ir.const(v, dt)
+
+    def var(n: str) -> ir.Expr:
+        return ir.var(n, dt)
+
+    lid = ir.special("lid")
+    body: list[ir.Stmt] = [
+        ir.LocalArray("part", float32, WARPS * stages * ni * 128),
+        ir.Decl("warp", dt, ir.alu("idiv", lid, const(32))),
+        ir.Decl("lane", dt, ir.alu("mod", lid, const(32))),
+        ir.Decl("g", dt, ir.alu("idiv", var("lane"), const(4))),
+        ir.Decl("t", dt, ir.alu("mod", var("lane"), const(4))),
+        ir.Decl("col0", dt, ir.alu("mul", ir.special("gid"), const(width)))]
+    # a lane's rows g and g + 8 and its columns (out of range: a valid row or column read, and
+    # its results never stored)
+    body.append(ir.Decl("r0", dt, var("g") if rows >= 8 else gemm.clamped(var("g"), rows)))
+    if rows > 8:
+        body.append(ir.Decl("r1", dt, gemm.clamped(ir.alu("add", var("g"), const(8)), rows)))
+    for j in range(ni):
+        col = ir.alu("add", ir.alu("add", var("col0"), const(8 * j)), var("g"))
+        body.append(ir.Decl(f"n{j}", dt, col if columns % width == 0 else
+                            gemm.clamped(col, columns)))
+    accs = [[[f"c{s}_{j}_{e}" for e in range(4)] for j in range(ni)] for s in range(stages)]
+    body += [ir.Decl(a, float32, ir.const(0, float32)) for s in accs for j in s for a in j]
+    if rows <= 8:  # the fragment's rows 8 to 15 are never stored: zeros
+        body.append(ir.Decl("zero", uint32, ir.const(0, uint32)))
+
+    blocks = red_total // 32
+    step: list[ir.Stmt] = []
+    for u in range(unroll):
+        kc = f"kc{u}"  # the lane's chunk of 8 elements: block * 4 + t
+        block = ir.alu("add", var("kb"), const(WARPS * u))
+        part: list[ir.Stmt] = [ir.Decl(kc, dt, ir.alu("add", ir.alu("mul", block, const(4)),
+                                                      var("t")))]
+        axes = [("r0", rows), ("r1", rows)] + [(f"n{j}", columns) for j in range(ni)] + \
+            [(kc, red_total // 8)]
+        elements = [lower._reduce_index(ast, ir.alu("add", ir.alu("mul", var(kc), const(8)),
+                                                     const(v))) for v in range(8)]
+        xs: dict[int, tuple[list[str], list[str]]] = {}  # the A words of each distinct x
+        for s, (x, w) in enumerate(pairs):
+            if id(x) not in xs:
+                halves = []
+                for h, r in enumerate(("r0", "r1")):
+                    if r == "r1" and rows <= 8:
+                        halves.append(["zero"] * 4)
+                        continue
+                    values = [ir.substitute(x, {shared: var(r), **env}) for env in elements]
+                    stmts, names = _words(values, axes, dtype, f"a{u}_{len(xs)}_{h}_")
+                    part += stmts
+                    halves.append(names)
+                xs[id(x)] = (halves[0], halves[1])
+            top, bottom = xs[id(x)]
+            for j in range(ni):
+                cols = gemm.split(outer, var(f"n{j}"))
+                values = [ir.substitute(w, {**cols, **env}) for env in elements]
+                stmts, wn = _words(values, axes, dtype, f"b{u}_{s}_{j}_")
+                part += stmts
+                for m in range(2):  # elements 8t .. 8t + 3, then 8t + 4 .. 8t + 7
+                    a = [top[2 * m], bottom[2 * m], top[2 * m + 1], bottom[2 * m + 1]]
+                    part.append(ir.Mma("m16n8k16", dtype, accs[s][j], a, wn[2 * m:2 * m + 2]))
+        if blocks % (WARPS * unroll):  # the last steps' blocks past the row are skipped
+            part = [ir.If(ir.alu("lt", block, const(blocks)), part)]
+        step += part
+    body.append(ir.For("kb", var("warp"), const(blocks), const(WARPS * unroll), step))
+
+    # each warp's partial sums to local memory, [warp][stage][fragment][register][lane]
+    def slot(w: ir.Expr, s: int, j: ir.Expr, e: ir.Expr, lane: ir.Expr) -> ir.Expr:
+        at = ir.alu("mul", ir.alu("add", ir.alu("mul", w, const(stages)), const(s)), const(ni))
+        at = ir.alu("mul", ir.alu("add", at, j), const(4))
+        return ir.alu("add", ir.alu("mul", ir.alu("add", at, e), const(32)), lane)
+
+    body += [ir.Store("part", slot(var("warp"), s, const(j), const(e), var("lane")),
+                      ir.var(accs[s][j][e], float32))
+             for s in range(stages) for j in range(ni) for e in range(4)]
+    body.append(ir.Barrier())
+    # then each output (fragment j, register e of lane l: row l / 4 + 8 (e / 2), column
+    # 8j + 2 (l % 4) + e % 2) summed over the warps by one thread, and stored
+    outputs = ni * 128
+    store: list[ir.Stmt] = [
+        ir.Decl("fj", dt, ir.alu("idiv", var("o"), const(128))),
+        ir.Decl("fe", dt, ir.alu("mod", ir.alu("idiv", var("o"), const(32)), const(4))),
+        ir.Decl("fl", dt, ir.alu("mod", var("o"), const(32))),
+        ir.Decl("row", dt, ir.alu("add", ir.alu("idiv", var("fl"), const(4)),
+                                  ir.alu("mul", ir.alu("idiv", var("fe"), const(2)), const(8)))),
+        ir.Decl("col", dt, ir.alu("add", ir.alu("add", var("col0"),
+                                                ir.alu("mul", var("fj"), const(8))),
+                                  ir.alu("add", ir.alu("mul", ir.alu("mod", var("fl"), const(4)),
+                                                       const(2)),
+                                         ir.alu("mod", var("fe"), const(2)))))]
+    env: dict[str, ir.Expr] = {shared: var("row"), **gemm.split(outer, var("col"))}
+    for s, stage in enumerate(ast.stages):
+        total: ir.Expr = ir.const(0, float32)
+        for w in range(WARPS):
+            total = ir.alu("add", total, ir.load("part", float32,
+                                                 slot(const(w), s, var("fj"), var("fe"),
+                                                      var("fl"))))
+        # in float32, unrounded, as the other lowerings hand their accumulators to the epilogue
+        store.append(ir.Decl(f"sum{s}", stage.dtype, total))
+        env[f"acc{s}"] = ir.var(f"sum{s}", stage.dtype)
+    inside = ir.alu("and", ir.alu("lt", var("row"), const(rows)),
+                    ir.alu("lt", var("col"), const(columns)))
+    store.append(ir.If(inside, [ir.Store("b0", ir.substitute(ast.out_index, env),
+                                         ir.substitute(ast.out_value, env))]))
+    threads = WARPS * 32
+    body.append(ir.For("o", lid, const(outputs), const(threads), store))
+    arrays = [st for st in body if isinstance(st, ir.LocalArray)]
+    rest = [st for st in body if not isinstance(st, ir.LocalArray)]
+    groups = -(-columns // width)
+    return ir.Kernel(name, params, arrays + rest, groups, threads,
+                     {"bytes": lower.kernel_bytes(ast),
+                      "template": f"tensor-core rows ({rows} rows, {width} columns a group)"})
