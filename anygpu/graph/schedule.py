@@ -247,12 +247,12 @@ _FUSED_OPERAND_COST = 12
 # already costs more than storing it (the demo's batch norm and ReLU before its second
 # convolution, computed 16 times per element, took half the training step).
 _FUSED_OPERAND_COST_CPU = 3
-# An untiled product on a GPU computes a fused operand again for every output that reads it:
-# where the operand's smaller side has this many rows or more (a decode step's sequences, or a
-# step's query heads against their cached keys), elementwise work costing 2 or more is stored
-# first. A Llama-2-7B step of 16 sequences on an H200 read its query/key/value weights at
-# 1.2 TB/s with RMSNorm fused in, the feed-forward ones (two products sharing it) at 1.9, and
-# its cached keys at 1.0 with RoPE fused into the queries.
+# An untiled 16-bit product on a GPU computes a fused operand again for every output that
+# reads it: where the operand's smaller side has this many rows or more (a decode step's
+# sequences, or a step's query heads against their cached keys), elementwise work costing 2 or
+# more is stored first. A Llama-2-7B step of 16 sequences on an H200 read its query/key/value
+# weights at 1.2 TB/s with RMSNorm fused in (2.7 stored first), the feed-forward ones (two
+# products sharing it) at 1.9, and its cached keys at 1.0 with RoPE fused into the queries (2.1).
 _FUSED_ROWS = 8
 _FUSED_ROWS_COST = 2
 _COSTLY = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.DIV, Op.IDIV, Op.MOD})
@@ -354,7 +354,8 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
         smaller = all(below.numel <= other.numel for other in operands)
         if (blas or streamed) and smaller:
             limit = 1  # the smaller side (activations, not weights dequantized in the loads)
-        elif not on_cpu and not tiled and smaller and below.numel // summed >= _FUSED_ROWS:
+        elif not on_cpu and not tiled and smaller and below.numel // summed >= _FUSED_ROWS and \
+                product.dtype in (float16, bfloat16):
             limit = _FUSED_ROWS_COST
         if below.op in ELEMENTWISE and not is_boundary(below, root) and \
                 _operand_cost(below, root, limit) >= limit:
