@@ -881,17 +881,7 @@ def _index_step(index: ir.Expr, var: str, span: int = 64) -> float | None:
     """How far ``index`` moves per step of ``var``, on average over ``span`` steps. Loads
     within the index that do not read ``var`` (a sequence's slot in a paged cache) count as 0:
     they move nothing along it."""
-    table: dict[int, ir.Expr] = {}
-    stack, seen = [index], set()
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if e.op == "load" and var not in _names(e):
-            table[id(e)] = ir.const(0, e.dtype)
-        else:
-            stack.extend(e.srcs)
+    table = {id(ld): ir.const(0, ld.dtype) for ld in gemm.loads(index) if var not in _names(ld)}
     if table:
         index = _replace(index, table, {})
     at0, at1 = gemm.evaluate(index, {}), gemm.evaluate(index, {var: span})
@@ -1014,21 +1004,23 @@ def _segment_lanes(chunks: int) -> int:
     return lanes
 
 
-def _segment_steps(ast: KernelAST, values: list[ir.Expr], red_total: int, dialect: str
+def _segment_steps(ast: KernelAST, red_total: int, dialect: str, sums: int
                    ) -> tuple[int, int, int]:
-    """How a segment's threads walk their row: chunks of how many neighbouring elements, how
-    many chunks per step of each thread's loop, and how many lanes (``_segment_lanes``). A
+    """How a segment's threads walk their row, where each element adds to ``sums``
+    accumulators (the rows' and stages'): chunks of how many neighbouring elements, how many
+    chunks per step of each thread's loop, and how many lanes (``_segment_lanes``). A
     chunk spans SEGMENT_VECTOR_BYTES of the largest operand that runs along the row (a weight
     matrix's row; 32 elements of 4-bit weights, one int32 word per 8), so that it is read as
     one vector; chunks of one element where the dialect has no vector loads, or the row does
     not split into such chunks."""
     sizes = {f"b{i + 1}": n.numel * n.dtype.itemsize for i, n in enumerate(ast.inputs)}
     inner = ast.reduce[-1][0]
+    values = [stage.value for stage in ast.stages]
     steps = {id(ld): _index_step(ld.srcs[0], inner) or 0 for value in values
              for ld in gemm.loads(value) if ld.dtype in VECTOR_DTYPES and len(ld.srcs) == 1}
     runs = [ld for value in values for ld in gemm.loads(value) if 0 < steps.get(id(ld), 0) <= 1]
     if dialect not in VECTOR_DIALECTS or not runs:
-        return 1, _segment_unroll(red_total, len(values)), SEGMENT
+        return 1, _segment_unroll(red_total, sums), SEGMENT
     main = max(runs, key=lambda ld: sizes.get(ld.arg, 0))
     per_index = round(1 / steps[id(main)])  # elements per element read
     width = SEGMENT_VECTOR_BYTES // main.dtype.itemsize * per_index
@@ -1036,9 +1028,9 @@ def _segment_steps(ast: KernelAST, values: list[ir.Expr], red_total: int, dialec
                                  (red_total // width) % _segment_lanes(red_total // width)):
         width //= 2
     if width * main.dtype.itemsize < 4 * per_index:  # less than a word of it per chunk
-        return 1, _segment_unroll(red_total, len(values)), SEGMENT
+        return 1, _segment_unroll(red_total, sums), SEGMENT
     lanes = _segment_lanes(red_total // width)
-    return width, _segment_unroll(red_total // width, len(values) * width,
+    return width, _segment_unroll(red_total // width, sums * width,
                                   SEGMENT_VECTOR_UNROLL, lanes), lanes
 
 
@@ -1114,7 +1106,7 @@ def _without_indirection(load: ir.Expr, multiple: int, chunk: str) -> ir.Expr:
             scaled = b if a.op == "const" else a if b.op == "const" else None
             factor = a if b is scaled else b
             if scaled is not None and factor.op == "const" and factor.arg % multiple == 0 and \
-                    _loads_within(scaled) and chunk not in _names(scaled):
+                    gemm.loads(scaled) and chunk not in _names(scaled):
                 table[id(scaled)] = ir.const(0, scaled.dtype)
                 continue
         if e.op == "load":
@@ -1123,20 +1115,6 @@ def _without_indirection(load: ir.Expr, multiple: int, chunk: str) -> ir.Expr:
     if not table:
         return load
     return ir.load(load.arg, load.dtype, _replace(load.srcs[0], table, {}))
-
-
-def _loads_within(e: ir.Expr) -> bool:
-    """Whether ``e`` reads memory."""
-    stack, seen = [e], set()
-    while stack:
-        x = stack.pop()
-        if id(x) in seen:
-            continue
-        seen.add(id(x))
-        if x.op == "load":
-            return True
-        stack.extend(x.srcs)
-    return False
 
 
 def _fold(e: ir.Expr, known: frozenset[str], memo: dict[int, ir.Expr]) -> ir.Expr:
@@ -1242,7 +1220,7 @@ def _segments_fit(ast: KernelAST, outer_total: int, red_total: int, max_local: i
     summed into one value each, of outputs enough to fill work-groups of several segments
     evenly, the stages independent of each other."""
     local = min(256, _pow2_at_most(max_local))
-    lanes = _segment_steps(ast, [st.value for st in ast.stages], red_total, dialect)[2]
+    lanes = _segment_steps(ast, red_total, dialect, len(ast.stages))[2]
     per_group = local // lanes
     shared = _shared_rows(ast, outer_total, _segment_row_limit(ast, local, subgroup))
     outputs = outer_total // (shared[1] if shared else 1)
@@ -1266,12 +1244,11 @@ def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store
     such products with a work-group per output."""
     dt = ast.index_dtype
     local = min(256, _pow2_at_most(max_local))
-    # the lanes of a segment, as ``_segments_fit`` found them (the rows' loads are the stages')
-    width, _, lanes = _segment_steps(ast, [st.value for st in ast.stages], red_total, dialect)
-    per_group = local // lanes
     lid = ir.special("lid")
     shared = _shared_rows(ast, outer_total, _segment_row_limit(ast, local, subgroup))
     rows, outer = _rows_of(ast, shared, dt)
+    width, unroll, lanes = _segment_steps(ast, red_total, dialect, len(ast.stages) * len(rows))
+    per_group = local // lanes
     outputs = outer_total // len(rows)
     lane = ir.var("lane", dt)
     body: list[ir.Stmt] = [
@@ -1286,7 +1263,6 @@ def _segment_per_output(ast: KernelAST, name: str, params: list[ir.Param], store
     sums = [(stage, n, value) for k, stage in enumerate(ast.stages)
             for n, value in zip(*_row_accumulators(stage, k, rows, renames, body))]
     values = [value for _, _, value in sums]
-    unroll = _segment_steps(ast, values, red_total, dialect)[1]
     chunks = red_total // width
     axes = [(name, size) for name, size, _ in outer] + [("ridx", chunks)]
     known = frozenset({"ridx", *(name for name, _ in axes)})  # indices, none negative

@@ -25,6 +25,7 @@ a model's activations to its dtype between layers.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from anygpu.codegen import ir, lower
@@ -66,12 +67,29 @@ def _fragment_dtype(pairs: list[tuple[ir.Expr, ir.Expr]]) -> DType | None:
     return dtypes.pop() if len(dtypes) == 1 and dtypes <= {float16, bfloat16} else None
 
 
+@dataclass(frozen=True)
+class RowsPlan:
+    """How ``build`` computes a kernel: its ``rows`` along the ``shared`` axis, ``columns``
+    (the other outputs, flattened) and ``red_total`` elements summed into each; each stage's
+    (x, w) factors, the fragments' dtype, ``ni`` fragments of 8 columns per work-group and
+    ``unroll`` blocks of 32 per step of a warp's loop."""
+
+    shared: str
+    rows: int
+    columns: int
+    red_total: int
+    pairs: list[tuple[ir.Expr, ir.Expr]]
+    dtype: DType
+    ni: int
+    unroll: int
+
+
 def plan(ast: Any, shared: tuple[str, int] | None, dialect: str, features: dict
-         ) -> dict | None:
-    """What ``build`` needs where the tensor cores compute ``ast``, else None: CUDA from
-    compute capability 8.0, rows shared by a work-group (``lower._shared_rows``), every stage
-    a float sum of ``x * w`` over a row of a multiple of 32 elements (256 or more) whose
-    operands load 16-bit floats, and 256 or more columns."""
+         ) -> RowsPlan | None:
+    """How the tensor cores compute ``ast``, else None: CUDA from compute capability 8.0, rows
+    shared by a work-group (``lower._shared_rows``), every stage a float sum of ``x * w`` over
+    a row of a multiple of 32 elements (256 or more), x and w of the same 16-bit float dtype,
+    and 256 or more columns."""
     if dialect != "cuda" or features.get("cc", (0, 0)) < (8, 0) or shared is None:
         return None
     red_total = math.prod(d[1] for d in ast.reduce)
@@ -99,8 +117,7 @@ def plan(ast: Any, shared: tuple[str, int] | None, dialect: str, features: dict
     while unroll * 2 <= MAX_UNROLL and stages * ni * unroll * 2 <= LOADS_PER_STEP and \
             blocks >= WARPS * unroll * 2:
         unroll *= 2
-    return {"pairs": pairs, "dtype": dtype, "ni": ni, "unroll": unroll, "columns": columns,
-            "rows": shared[1], "shared": shared[0], "red_total": red_total}
+    return RowsPlan(shared[0], shared[1], columns, red_total, pairs, dtype, ni, unroll)
 
 
 def _words(values: list[ir.Expr], axes: list[tuple[str, int]], dtype: DType, prefix: str
@@ -124,11 +141,11 @@ def _words(values: list[ir.Expr], axes: list[tuple[str, int]], dtype: DType, pre
     return stmts, names
 
 
-def build(ast: Any, how: dict, params: list[ir.Param], name: str) -> ir.Kernel:
+def build(ast: Any, how: RowsPlan, params: list[ir.Param], name: str) -> ir.Kernel:
     """The kernel of ``ast`` as ``plan`` described it (see the module's docstring)."""
     dt = ast.index_dtype
-    pairs, dtype, ni, unroll = how["pairs"], how["dtype"], how["ni"], how["unroll"]
-    rows, columns, shared, red_total = how["rows"], how["columns"], how["shared"], how["red_total"]
+    pairs, dtype, ni, unroll = how.pairs, how.dtype, how.ni, how.unroll
+    rows, columns, shared, red_total = how.rows, how.columns, how.shared, how.red_total
     stages = len(pairs)
     outer = [(n, s) for n, s, _ in ast.outer if n != shared]
     width = 8 * ni  # columns per work-group
@@ -226,9 +243,9 @@ def build(ast: Any, how: dict, params: list[ir.Param], name: str) -> ir.Kernel:
     env: dict[str, ir.Expr] = {shared: var("row"), **gemm.split(outer, var("col"))}
     for s, stage in enumerate(ast.stages):
         total: ir.Expr = ir.const(0, float32)
-        for w in range(WARPS):
+        for other in range(WARPS):
             total = ir.alu("add", total, ir.load("part", float32,
-                                                 slot(const(w), s, var("fj"), var("fe"),
+                                                 slot(const(other), s, var("fj"), var("fe"),
                                                       var("fl"))))
         # in float32, unrounded, as the other lowerings hand their accumulators to the epilogue
         store.append(ir.Decl(f"sum{s}", stage.dtype, total))
