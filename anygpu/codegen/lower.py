@@ -75,7 +75,17 @@ def first_reduces(root: Lazy) -> list[Lazy]:
 def choose_spec(root: Lazy) -> KernelSpec:
     if root.op in REDUCE:
         return KernelSpec(root, root.srcs[0].shape, root.arg, True, root)
-    for red in first_reduces(root):
+    found = first_reduces(root)
+    # a reduction that another one here sums over a different shape is stored by a kernel of
+    # its own for that one (it cannot be a stage of it): read, not computed again (RMSNorm of
+    # ``h + x @ W.T`` computed the product twice, once stored for the sum of squares and once
+    # fused into the normalized output)
+    stored = {id(inner) for other in found
+              for inner in first_reduces(other.srcs[0])
+              if inner.srcs[0].shape != other.srcs[0].shape}
+    for red in found:
+        if id(red) in stored:
+            continue
         if red.numel == root.numel:
             return KernelSpec(root, red.srcs[0].shape, red.arg, True, red)
         if red.srcs[0].shape == root.shape:
@@ -1004,6 +1014,14 @@ def _segment_lanes(chunks: int) -> int:
     return lanes
 
 
+def _lanes_even(chunks: int) -> bool:
+    """Whether ``chunks`` spread well over a segment's lanes: evenly, or four or more to each
+    lane, the last step of some lanes empty (a 4-bit row of 11008 weights is 344 chunks of 32:
+    in chunks of 8 to divide evenly, each lane read 4 bytes of weights per load)."""
+    lanes = _segment_lanes(chunks)
+    return chunks % lanes == 0 or chunks >= 4 * lanes
+
+
 def _segment_steps(ast: KernelAST, red_total: int, dialect: str, sums: int
                    ) -> tuple[int, int, int]:
     """How a segment's threads walk their row, where each element adds to ``sums``
@@ -1025,7 +1043,7 @@ def _segment_steps(ast: KernelAST, red_total: int, dialect: str, sums: int
     per_index = round(1 / steps[id(main)])  # elements per element read
     width = SEGMENT_VECTOR_BYTES // main.dtype.itemsize * per_index
     while width > per_index and (red_total % width or ast.reduce[-1][1] % width or
-                                 (red_total // width) % _segment_lanes(red_total // width)):
+                                 not _lanes_even(red_total // width)):
         width //= 2
     if width * main.dtype.itemsize < 4 * per_index:  # less than a word of it per chunk
         return 1, _segment_unroll(red_total, sums), SEGMENT

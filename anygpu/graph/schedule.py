@@ -255,6 +255,12 @@ _FUSED_OPERAND_COST_CPU = 3
 # products sharing it) at 1.9, and its cached keys at 1.0 with RoPE fused into the queries (2.1).
 _FUSED_ROWS = 8
 _FUSED_ROWS_COST = 2
+# The same where the product's larger operand is computed with this much work per element
+# (4-bit weights unpacked and scaled): such a product is bound by arithmetic, not memory, and a
+# decode step's one row recomputed per output doubled it (a Llama-2-7B step in 4-bit weights
+# on an H200: the query/key/value product with RMSNorm fused in took 99 us, the feed-forward
+# pair with the residual sum and RMSNorm 106).
+_DEQUANTIZED_COST = 4
 _COSTLY = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.DIV, Op.IDIV, Op.MOD})
 
 
@@ -297,6 +303,13 @@ def _operand_cost(node: Lazy, root: Lazy, limit: int) -> int:
             cost += 4 if n.op in _COSTLY else 1
         stack.extend(n.srcs)
     return cost
+
+
+def _under_movement(node: Lazy) -> Lazy:
+    """The first node under ``node``'s chain of unrealized movement ops."""
+    while node.op in MOVEMENT and not node.realized:
+        node = node.srcs[0]
+    return node
 
 
 def _store_costly_operands(spec: lower.KernelSpec) -> None:
@@ -349,13 +362,19 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
                     (blas or _tiled_product(other)):
                 other.keep = True
     summed = max(product.numel // max(node.numel, 1), 1)  # elements summed into each output
+    # an untiled GPU product whose larger operand is computed (weights dequantized in its
+    # loads) spends its arithmetic units on that operand, not its memory
+    dequantized = not on_cpu and not tiled and any(
+        _under_movement(side).numel > min(below.numel for below in operands) and
+        _operand_cost(_under_movement(side), root, _DEQUANTIZED_COST) >= _DEQUANTIZED_COST
+        for side in product.srcs) if operands else False
     for below in operands:
         limit = _FUSED_OPERAND_COST if not cpu else _FUSED_OPERAND_COST_CPU
         smaller = all(below.numel <= other.numel for other in operands)
         if (blas or streamed) and smaller:
             limit = 1  # the smaller side (activations, not weights dequantized in the loads)
-        elif not on_cpu and not tiled and smaller and below.numel // summed >= _FUSED_ROWS and \
-                product.dtype in (float16, bfloat16):
+        elif not on_cpu and not tiled and smaller and (dequantized or (
+                below.numel // summed >= _FUSED_ROWS and product.dtype in (float16, bfloat16))):
             limit = _FUSED_ROWS_COST
         if below.op in ELEMENTWISE and not is_boundary(below, root) and \
                 _operand_cost(below, root, limit) >= limit:

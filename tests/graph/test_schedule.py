@@ -89,6 +89,23 @@ def test_a_costly_operand_of_a_product_is_stored_first() -> None:
                                np.log(np.sqrt(np.exp(g) + 1)) @ m.numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_a_product_normalized_after_a_residual_sum_is_computed_once() -> None:
+    # RMSNorm of h + x @ w: the product is stored for the sum of squares and read by the
+    # normalized output, not computed again inside it
+    rng = np.random.default_rng(4)
+    h, x, w = (ag.tensor(rng.standard_normal(s).astype(np.float32))
+               for s in ((2, 64), (2, 32), (32, 64)))
+    r = h + x @ w
+    out = r * ((r * r).mean(-1, keepdim=True) + 1e-5).rsqrt() * 1.5
+    items = sched.schedule([out.lazy])
+    assert len(items) == 2
+    assert sum(1 for i in items if i.ast.reduce and
+               max(d[1] for d in i.ast.reduce) == 32) == 1  # one kernel sums over the product's k
+    g = h.numpy() + x.numpy() @ w.numpy()
+    want = g / np.sqrt((g * g).mean(-1, keepdims=True) + 1e-5) * 1.5
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_cat_and_stack_are_one_kernel() -> None:
     a, b, c = t(2, 3), t(4, 3), t(1, 3)
     assert kernels(ag.cat([a, b, c])) == 1

@@ -103,6 +103,20 @@ def test_the_matrix_vector_product_reads_the_packed_weight(device, fmt):
     np.testing.assert_allclose(qw.linear(x).numpy(), want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_long_four_bit_row_in_chunks_that_do_not_split_evenly(device):
+    # 131 groups of 32 values per row: each of a segment's lanes reads whole groups, some lanes
+    # one more than the others; and the activation computed (normalized) before the product
+    rows, cols = 512, 4192
+    qw = quant.quantize(_weights(rows, cols, seed=5), "q4", 32, device)
+    rng = np.random.default_rng(6)
+    h = ag.tensor(rng.standard_normal((1, cols)).astype(np.float32), device=device).realize()
+    x = h * ((h * h).mean(-1, keepdim=True) + 1e-5).rsqrt()
+    got = qw.linear(x).numpy()
+    g = h.numpy()
+    want = (g / np.sqrt((g * g).mean(-1, keepdims=True) + 1e-5)) @ qw.dequantize().numpy().T
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
 def _forced(reference: list[int], seen: list[np.ndarray]):
     """A logits hook that records the logits and makes the next token the reference's."""
 
