@@ -7,8 +7,8 @@ Expression ops:
   const (arg value), var (arg name), special (arg "lid" | "gid" | "ngroups", or one of
   ``SUBGROUP_SPECIALS``), load (arg buffer name; srcs (index,) or (index, guard): a guarded load
   reads 0 when the guard is false), cast (to the expression's dtype), where (cond, a, b),
-  subgroup_reduce (see :func:`subgroup_reduce`), pack_halves (see :func:`pack_halves`), and the
-  arithmetic of ``ALU_OPS``. Values of
+  subgroup_reduce (see :func:`subgroup_reduce`), pack_halves (see :func:`pack_halves`), halves2
+  (see :func:`halves2`), and the arithmetic of ``ALU_OPS``. Values of
   dtype float16/bfloat16 are computed in float32 by the renderers and rounded where they are cast
   or stored.
 """
@@ -165,6 +165,13 @@ def pack_halves(low: Expr, high: Expr, dtype: DType) -> Expr:
     return Expr("pack_halves", uint32, (low, high), dtype)
 
 
+def halves2(op: str, a: Expr, b: Expr, dtype: DType) -> Expr:
+    """``op`` ("sub" or "mul") of the two 16-bit floats of ``dtype`` (float16 or bfloat16)
+    packed in each of the words ``a`` and ``b`` (uint32, as ``pack_halves`` makes them), pair
+    by pair, rounded to ``dtype``: one word (CUDA only)."""
+    return Expr("halves2", uint32, (a, b), (op, dtype))
+
+
 def subgroup_reduce(op: str, value: Expr, width: int | None = None) -> Expr:
     """``op`` ("add", "max" or "mul", as ``alu``) of ``value`` over lanes of a subgroup, every
     lane receiving the result: over each aligned group of ``width`` neighbouring lanes (a power
@@ -195,6 +202,8 @@ def substitute(e: Expr, mapping: dict[str, Expr], memo: dict[int, Expr] | None =
             out = load(e.arg, e.dtype, srcs[0], srcs[1] if len(srcs) > 1 else None)
         elif e.op == "subgroup_reduce":
             out = subgroup_reduce(e.arg[0], srcs[0], e.arg[1])
+        elif e.op in ("pack_halves", "halves2"):
+            out = Expr(e.op, e.dtype, srcs, e.arg)
         else:
             out = alu(e.op, *srcs)
     memo[id(e)] = out

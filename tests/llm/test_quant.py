@@ -103,18 +103,26 @@ def test_the_matrix_vector_product_reads_the_packed_weight(device, fmt):
     np.testing.assert_allclose(qw.linear(x).numpy(), want, rtol=1e-4, atol=1e-4)
 
 
-def test_a_long_four_bit_row_in_chunks_that_do_not_split_evenly(device):
-    # 131 groups of 32 values per row: each of a segment's lanes reads whole groups, some lanes
-    # one more than the others; and the activation computed (normalized) before the product
-    rows, cols = 512, 4192
-    qw = quant.quantize(_weights(rows, cols, seed=5), "q4", 32, device)
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("cols", [1024, 4192])
+def test_a_decode_product_of_long_rows(device, kind, dtype, cols):
+    # 512 outputs of 1024 inputs (whole runs of 128 per lane's 16-byte reads of 4-bit weights),
+    # or of 4192 (131 groups of 32: runs of 32, some lanes one more than others); the activation
+    # normalized before the product. 16-bit models' products run on tensor cores on CUDA, their
+    # weights unpacked in pairs in 16-bit arithmetic: the dequantized reference to rounding
+    if not ag.get_device(device).supports(getattr(ag, dtype)):
+        pytest.skip(f"{device} has no {dtype}")
+    rows = 512
+    qw = quant.quantize(_weights(rows, cols, seed=5), kind, 32, device, getattr(ag, dtype))
     rng = np.random.default_rng(6)
     h = ag.tensor(rng.standard_normal((1, cols)).astype(np.float32), device=device).realize()
-    x = h * ((h * h).mean(-1, keepdim=True) + 1e-5).rsqrt()
-    got = qw.linear(x).numpy()
-    g = h.numpy()
-    want = (g / np.sqrt((g * g).mean(-1, keepdims=True) + 1e-5)) @ qw.dequantize().numpy().T
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    x = (h * ((h * h).mean(-1, keepdim=True) + 1e-5).rsqrt()).to(getattr(ag, dtype))
+    got = qw.linear(x).float().numpy()
+    w = qw.dequantize().float().numpy()  # rounded to the dtype, as the product reads it
+    want = x.float().numpy() @ w.T
+    tol = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * float(np.abs(want).max()))
 
 
 def _forced(reference: list[int], seen: list[np.ndarray]):

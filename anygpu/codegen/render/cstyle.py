@@ -154,6 +154,8 @@ class CStyleRenderer:
             return self.select(c, a, b)
         if op == "pack_halves":
             return self.pack_halves(self.expr(e.srcs[0]), self.expr(e.srcs[1]), e.arg)
+        if op == "halves2":
+            return self.halves2(e.arg[0], self.expr(e.srcs[0]), self.expr(e.srcs[1]), e.arg[1])
         if op == "subgroup_reduce":
             self.uses_subgroups = True
             return self.subgroup_reduce(e.arg[0], e.srcs[0], e.arg[1])
@@ -200,6 +202,9 @@ class CStyleRenderer:
         return self.select(is_zero, zero, result)
 
     def pack_halves(self, low: str, high: str, dtype: DType) -> str:
+        raise NotImplementedError(f"packed halves are not available in {self.dialect}")
+
+    def halves2(self, op: str, a: str, b: str, dtype: DType) -> str:
         raise NotImplementedError(f"packed halves are not available in {self.dialect}")
 
     def subgroup_reduce(self, op: str, value: ir.Expr, width: int | None) -> str:
@@ -446,7 +451,21 @@ def uses_dtype(kernel: ir.Kernel, dtype: DType) -> bool:
             return False
         seen.add(id(e))
         return e.dtype == dtype or (e.op == "pack_halves" and e.arg == dtype) or \
+            (e.op == "halves2" and e.arg[1] == dtype) or \
             any(visit(s) for s in e.srcs)
+
+    return any(visit(e) for st in _walk(kernel.body) for e in _stmt_exprs(st))
+
+
+def uses_op(kernel: ir.Kernel, op: str) -> bool:
+    """Whether an expression of ``kernel`` is an ``op``."""
+    seen: set[int] = set()
+
+    def visit(e: ir.Expr) -> bool:
+        if id(e) in seen:
+            return False
+        seen.add(id(e))
+        return e.op == op or any(visit(s) for s in e.srcs)
 
     return any(visit(e) for st in _walk(kernel.body) for e in _stmt_exprs(st))
 

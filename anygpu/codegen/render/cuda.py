@@ -3,8 +3,23 @@
 from __future__ import annotations
 
 from anygpu.codegen import ir
-from anygpu.codegen.render.cstyle import BASE_TYPES, RENDERERS, CStyleRenderer, uses_dtype
+from anygpu.codegen.render.cstyle import BASE_TYPES, RENDERERS, CStyleRenderer, uses_dtype, \
+    uses_op
 from anygpu.dtype import ALL, DType, bfloat16, bool_, float16, int8, uint8
+
+
+# two 16-bit floats in a word, as the tensor cores' fragment registers hold them, combined pair
+# by pair (``ir.halves2``): one instruction for both
+HALVES2 = """template <typename P>
+__device__ __forceinline__ unsigned halves2_sub(unsigned a, unsigned b) {
+  const P r = __hsub2(*reinterpret_cast<const P*>(&a), *reinterpret_cast<const P*>(&b));
+  return *reinterpret_cast<const unsigned*>(&r);
+}
+template <typename P>
+__device__ __forceinline__ unsigned halves2_mul(unsigned a, unsigned b) {
+  const P r = __hmul2(*reinterpret_cast<const P*>(&a), *reinterpret_cast<const P*>(&b));
+  return *reinterpret_cast<const unsigned*>(&r);
+}"""
 
 
 class CUDARenderer(CStyleRenderer):
@@ -82,6 +97,10 @@ class CUDARenderer(CStyleRenderer):
         else:
             bits, rn = "__half_as_ushort", "__float2half_rn"
         return f"((unsigned int){bits}({rn}({low})) | ((unsigned int){bits}({rn}({high})) << 16))"
+
+    def halves2(self, op: str, a: str, b: str, dtype: DType) -> str:
+        pair = "__nv_bfloat162" if dtype == bfloat16 else "__half2"
+        return f"halves2_{op}<{pair}>({a}, {b})"
 
     def async_stmt(self, st: ir.LdMatrix | ir.AsyncCopy | ir.AsyncCommit | ir.AsyncWait) -> str:
         if isinstance(st, ir.LdMatrix):
@@ -170,6 +189,8 @@ class CUDARenderer(CStyleRenderer):
             lines.append(self.fp16_header)
         if uses_dtype(kernel, bfloat16):
             lines.append(self.bf16_header)
+        if uses_op(kernel, "halves2"):
+            lines.append(HALVES2)
         return lines
 
 

@@ -28,6 +28,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from anygpu.codegen import ir, lower
 from anygpu.codegen.templates import gemm
 from anygpu.dtype import DType, bfloat16, float16, float32, uint32
@@ -44,19 +46,32 @@ MIN_GROUPS = 256
 MAX_UNROLL = 4
 # weight loads per lane and step the unrolling aims at
 LOADS_PER_STEP = 4
+# blocks of 32 over which a lane reading packed weights takes a run of consecutive elements (8
+# per block): 32 4-bit weights, one 16-byte load, their shifts within the words constants
+RUN_BLOCKS = 4
 
 
-def _factors(value: ir.Expr, shared: str) -> tuple[ir.Expr, ir.Expr] | None:
-    """(x, w) of a stage's ``x * w``: x reads the shared axis (the rows), w does not."""
+def _factors(value: ir.Expr, shared: str | None, columns: set[str]
+             ) -> tuple[ir.Expr, ir.Expr] | None:
+    """(x, w) of a stage's ``x * w``: x reads no column axis (it reads the shared axis, the
+    rows, where there is one), w reads no row."""
     if value.op != "mul":
         return None
-    a, b = value.srcs
-    va, vb = lower._names(a), lower._names(b)
-    if shared in va and shared not in vb:
-        return a, b
-    if shared in vb and shared not in va:
-        return b, a
+    for x, w in (value.srcs, value.srcs[::-1]):
+        vx, vw = lower._names(x), lower._names(w)
+        if not vx & columns and (shared is None or shared in vx and shared not in vw):
+            return x, w
     return None
+
+
+def _packed(w: ir.Expr, inner: str) -> bool:
+    """Whether ``w`` reads integer words holding several of its elements each (4-bit or 8-bit
+    weights), along the innermost summed axis ``inner``."""
+    for ld in gemm.loads(w):
+        step = lower._index_step(ld.srcs[0], inner)
+        if not ld.dtype.is_float and step is not None and 0 < step < 1:
+            return True
+    return False
 
 
 def _fragment_dtype(pairs: list[tuple[ir.Expr, ir.Expr]]) -> DType | None:
@@ -69,76 +84,182 @@ def _fragment_dtype(pairs: list[tuple[ir.Expr, ir.Expr]]) -> DType | None:
 
 @dataclass(frozen=True)
 class RowsPlan:
-    """How ``build`` computes a kernel: its ``rows`` along the ``shared`` axis, ``columns``
-    (the other outputs, flattened) and ``red_total`` elements summed into each; each stage's
-    (x, w) factors, the fragments' dtype, ``ni`` fragments of 8 columns per work-group and
-    ``unroll`` blocks of 32 per step of a warp's loop."""
+    """How ``build`` computes a kernel: its ``rows`` along the ``shared`` axis (one row where
+    there is none), ``columns`` (the other outputs, flattened) and ``red_total`` elements
+    summed into each; each stage's (x, w) factors, the fragments' dtype, ``ni`` fragments of 8
+    columns per work-group, ``span`` blocks of 32 each lane's run of consecutive elements
+    covers (1 or RUN_BLOCKS) and ``unroll`` such units per step of a warp's loop."""
 
-    shared: str
+    shared: str | None
     rows: int
     columns: int
     red_total: int
     pairs: list[tuple[ir.Expr, ir.Expr]]
     dtype: DType
     ni: int
+    span: int
     unroll: int
 
 
 def plan(ast: Any, shared: tuple[str, int] | None, dialect: str, features: dict
          ) -> RowsPlan | None:
     """How the tensor cores compute ``ast``, else None: CUDA from compute capability 8.0, rows
-    shared by a work-group (``lower._shared_rows``), every stage a float sum of ``x * w`` over
-    a row of a multiple of 32 elements (256 or more), x and w of the same 16-bit float dtype,
-    and 256 or more columns."""
-    if dialect != "cuda" or features.get("cc", (0, 0)) < (8, 0) or shared is None:
+    shared by a work-group (``lower._shared_rows``) or one row against packed weights (4-bit
+    or 8-bit: on SIMT units their unpacking and multiply-adds, not the memory, bound a decode
+    step's products), every stage a float sum of ``x * w`` over a row of a multiple of 32
+    elements (256 or more), x and w of the same 16-bit float dtype, and 256 or more columns."""
+    if dialect != "cuda" or features.get("cc", (0, 0)) < (8, 0) or not ast.reduce:
         return None
+    rows = shared[1] if shared is not None else 1
+    name = shared[0] if shared is not None else None
     red_total = math.prod(d[1] for d in ast.reduce)
-    columns = math.prod(d[1] for d in ast.outer) // shared[1]
+    columns = math.prod(d[1] for d in ast.outer) // rows
     if red_total % 32 or red_total < 256 or columns < 256 or len(ast.stages) > MAX_FRAGMENTS:
         return None
     pairs = []
-    others = {n for n, _, _ in ast.outer if n != shared[0]}
+    others = {n for n, _, _ in ast.outer if n != name}
     for stage in ast.stages:
         if stage.op.name != "SUM" or not stage.dtype.is_float:
             return None
-        pair = _factors(stage.value, shared[0])
-        if pair is None or lower._names(pair[0]) & others:
+        pair = _factors(stage.value, name, others)
+        if pair is None:
             return None
         pairs.append(pair)
     dtype = _fragment_dtype(pairs)
     if dtype is None:
         return None
+    packed = all(_packed(w, ast.reduce[-1][0]) for _, w in pairs)
+    if shared is None and not packed:
+        # one row of 16-bit weights: the segment lowering reads them at the memory's rate
+        return None
+    # packed weights: each lane reads a run of RUN_BLOCKS * 8 elements, whole words
+    span = RUN_BLOCKS if packed and red_total % (32 * RUN_BLOCKS) == 0 else 1
     stages = len(ast.stages)
     ni = max(MAX_FRAGMENTS // stages, 1)
     while ni > 1 and -(-columns // (8 * ni)) < MIN_GROUPS:
         ni //= 2
-    blocks = red_total // 32
+    units = red_total // (32 * span)
     unroll = 1
     while unroll * 2 <= MAX_UNROLL and stages * ni * unroll * 2 <= LOADS_PER_STEP and \
-            blocks >= WARPS * unroll * 2:
+            units >= WARPS * unroll * 2:
         unroll *= 2
-    return RowsPlan(shared[0], shared[1], columns, red_total, pairs, dtype, ni, unroll)
+    return RowsPlan(name, rows, columns, red_total, pairs, dtype, ni, span, unroll)
 
 
 def _words(values: list[ir.Expr], axes: list[tuple[str, int]], dtype: DType, prefix: str
            ) -> tuple[list[ir.Stmt], list[str]]:
-    """Four fragment registers from eight consecutive elements ``values`` of an operand: the
-    raw words of one vector load where the elements are a plain 16-bit load of ``dtype``,
-    aligned and contiguous; else each evaluated (its loads read as vectors where they can) and
-    rounded in pairs."""
+    """Fragment registers, two elements each, from consecutive elements ``values`` of an
+    operand (8 per block of 32): the raw words of vector loads where the elements are a plain
+    16-bit load of ``dtype``, aligned and contiguous; else each evaluated (its loads read as
+    vectors where they can) and rounded in pairs."""
     memo: dict[int, ir.Expr] = {}
     known = frozenset(name for name, _ in axes)
     folded = [lower._fold(v, known, memo) for v in values]
     reads, copies = lower._vector_reads([[v] for v in folded], axes, prefix)
-    names = [f"{prefix}w{q}" for q in range(4)]
-    if len(reads) == 1 and isinstance(reads[0], ir.VecLoad) and reads[0].dtype == dtype and \
-            len(reads[0].names) == 8 and \
-            all(c[0] is ir.var(n, dtype) for c, n in zip(copies, reads[0].names)):
-        return [ir.VecLoad(names, uint32, reads[0].buf, reads[0].index)], names
-    stmts = reads + [ir.Decl(names[q], uint32, ir.pack_halves(copies[2 * q][0],
-                                                              copies[2 * q + 1][0], dtype))
-                     for q in range(4)]
+    names = [f"{prefix}w{q}" for q in range(len(values) // 2)]
+    flat = [n for r in reads if isinstance(r, ir.VecLoad) for n in r.names]
+    if reads and all(isinstance(r, ir.VecLoad) and r.dtype == dtype and len(r.names) == 8
+                     for r in reads) and len(flat) == len(values) and \
+            all(c[0] is ir.var(n, dtype) for c, n in zip(copies, flat)):
+        return [ir.VecLoad(names[4 * i:4 * i + 4], uint32, r.buf, r.index)
+                for i, r in enumerate(reads) if isinstance(r, ir.VecLoad)], names
+    stmts = reads + [ir.Decl(names[q], uint32, _pair(copies[2 * q][0], copies[2 * q + 1][0],
+                                                     dtype))
+                     for q in range(len(names))]
     return stmts, names
+
+
+# the largest span of integers a 16-bit float's mantissa holds above its power of two (1024 +
+# n for float16, 128 + n for bfloat16), and the bits of that power
+_MANTISSA = {float16: (1024, 0x6400), bfloat16: (128, 0x4300)}
+
+
+def _int_range(e: ir.Expr) -> tuple[int, int] | None:
+    """The least and greatest value of an integer expression (a 4-bit field ``(w >> s) & 15``
+    less 8, a byte read as int8), or None where it is not evident."""
+    if e.dtype.is_float:
+        return None
+    if e.op == "const":
+        return int(e.arg), int(e.arg)
+    if e.op == "and":
+        for m in e.srcs:
+            if m.op == "const" and int(m.arg) >= 0:
+                return 0, int(m.arg)
+        return None
+    if e.op in ("add", "neg"):
+        parts = [p for p in (_int_range(x) for x in e.srcs) if p is not None]
+        if len(parts) != len(e.srcs):
+            return None
+        if e.op == "neg":
+            return -parts[0][1], -parts[0][0]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+    if e.op == "cast":
+        src = e.srcs[0].dtype
+        if src.is_float or src.itemsize > e.dtype.itemsize:
+            return None
+        if src.itemsize == 1:
+            return (-128, 127) if src.name == "int8" else (0, 255)
+        return _int_range(e.srcs[0])
+    return None
+
+
+def _scaled_int(v: ir.Expr, dtype: DType) -> tuple[ir.Expr, ir.Expr, int] | None:
+    """(n, scale, least n) where ``v`` is ``dtype(float32(n) * float32(scale))``: a small
+    integer ``n`` (a 4-bit or 8-bit weight) times a ``dtype`` scale, rounded to ``dtype``. The
+    float32 product of the two is exact, so the product in ``dtype`` arithmetic rounds to the
+    same value."""
+    if v.op != "cast" or v.dtype != dtype or v.srcs[0].op != "mul" or \
+            v.srcs[0].dtype != float32:
+        return None
+    a, b = v.srcs[0].srcs
+    for n, scale in ((a, b), (b, a)):
+        if n.op == "cast" and scale.op == "cast" and scale.srcs[0].dtype == dtype:
+            span = _int_range(n.srcs[0])
+            if span is not None and span[1] - span[0] < _MANTISSA[dtype][0] and \
+                    max(-span[0], span[1]) <= _MANTISSA[dtype][0]:
+                return n.srcs[0], scale.srcs[0], span[0]
+    return None
+
+
+def _half_bits(value: float, dtype: DType) -> int:
+    """The 16 bits of ``value`` in ``dtype`` (float16 or bfloat16, rounded toward zero)."""
+    if dtype == float16:
+        return int(np.array(value, np.float16).view(np.uint16))
+    return int(np.array(value, np.float32).view(np.uint32)) >> 16
+
+
+def _exact(value: float, dtype: DType) -> bool:
+    """Whether ``dtype`` holds ``value`` exactly."""
+    if dtype == float16:
+        return float(np.float16(value)) == value
+    return int(np.array(value, np.float32).view(np.uint32)) & 0xFFFF == 0 and \
+        float(np.float32(value)) == value
+
+
+def _pair(low: ir.Expr, high: ir.Expr, dtype: DType) -> ir.Expr:
+    """One fragment register holding ``low`` and ``high`` rounded to ``dtype``. Two small
+    integers times one scale (a pair of 4-bit weights of a group) are made in 16-bit
+    arithmetic, both at once: each integer put in the mantissa of a power of two (float16
+    1024 + n), the power less the least integer taken away and the scale multiplied in, pair by
+    pair, the same value as the float32 product rounded, in a few instructions instead of a
+    conversion, a product and a rounding for each."""
+    a, b = _scaled_int(low, dtype), _scaled_int(high, dtype)
+    if a is None or b is None or a[1] is not b[1]:
+        return ir.pack_halves(low, high, dtype)
+    least = min(a[2], b[2])
+    top, power = _MANTISSA[dtype]
+    offset = float(top - least)
+    if not _exact(offset, dtype):
+        return ir.pack_halves(low, high, dtype)
+
+    def bits(n: ir.Expr) -> ir.Expr:
+        return ir.cast(ir.alu("add", n, ir.const(-least, n.dtype)), uint32)
+
+    word = ir.alu("or", ir.alu("or", bits(a[0]), ir.alu("shl", bits(b[0]), ir.const(16, uint32))),
+                  ir.const(power | power << 16, uint32))
+    sub = _half_bits(offset, dtype)
+    values = ir.halves2("sub", word, ir.const(sub | sub << 16, uint32), dtype)
+    return ir.halves2("mul", values, ir.pack_halves(a[1], a[1], dtype), dtype)
 
 
 def build(ast: Any, how: RowsPlan, params: list[ir.Param], name: str) -> ir.Kernel:
@@ -178,26 +299,31 @@ def build(ast: Any, how: RowsPlan, params: list[ir.Param], name: str) -> ir.Kern
     if rows <= 8:  # the fragment's rows 8 to 15 are never stored: zeros
         body.append(ir.Decl("zero", uint32, ir.const(0, uint32)))
 
-    blocks = red_total // 32
+    # the loop's units: ``span`` blocks of 32, in which lane t of each quad takes the run of
+    # 8 * span consecutive elements ``kc = unit * 4 + t`` (8 of them for each block's two mmas)
+    span = how.span
+    units = red_total // (32 * span)
+    run = 8 * span
     step: list[ir.Stmt] = []
     for u in range(unroll):
-        kc = f"kc{u}"  # the lane's chunk of 8 elements: block * 4 + t
-        block = ir.alu("add", var("kb"), const(WARPS * u))
-        part: list[ir.Stmt] = [ir.Decl(kc, dt, ir.alu("add", ir.alu("mul", block, const(4)),
+        kc = f"kc{u}"
+        unit = ir.alu("add", var("kb"), const(WARPS * u))
+        part: list[ir.Stmt] = [ir.Decl(kc, dt, ir.alu("add", ir.alu("mul", unit, const(4)),
                                                       var("t")))]
         axes = [("r0", rows), ("r1", rows)] + [(f"n{j}", columns) for j in range(ni)] + \
-            [(kc, red_total // 8)]
-        elements = [lower._reduce_index(ast, ir.alu("add", ir.alu("mul", var(kc), const(8)),
-                                                     const(v))) for v in range(8)]
+            [(kc, red_total // run)]
+        elements = [lower._reduce_index(ast, ir.alu("add", ir.alu("mul", var(kc), const(run)),
+                                                     const(v))) for v in range(run)]
         xs: dict[int, tuple[list[str], list[str]]] = {}  # the A words of each distinct x
         for s, (x, w) in enumerate(pairs):
             if id(x) not in xs:
                 halves = []
                 for h, r in enumerate(("r0", "r1")):
                     if r == "r1" and rows <= 8:
-                        halves.append(["zero"] * 4)
+                        halves.append(["zero"] * (run // 2))
                         continue
-                    values = [ir.substitute(x, {shared: var(r), **env}) for env in elements]
+                    rename = {shared: var(r)} if shared is not None else {}
+                    values = [ir.substitute(x, {**rename, **env}) for env in elements]
                     stmts, names = _words(values, axes, dtype, f"a{u}_{len(xs)}_{h}_")
                     part += stmts
                     halves.append(names)
@@ -208,13 +334,14 @@ def build(ast: Any, how: RowsPlan, params: list[ir.Param], name: str) -> ir.Kern
                 values = [ir.substitute(w, {**cols, **env}) for env in elements]
                 stmts, wn = _words(values, axes, dtype, f"b{u}_{s}_{j}_")
                 part += stmts
-                for m in range(2):  # elements 8t .. 8t + 3, then 8t + 4 .. 8t + 7
-                    a = [top[2 * m], bottom[2 * m], top[2 * m + 1], bottom[2 * m + 1]]
-                    part.append(ir.Mma("m16n8k16", dtype, accs[s][j], a, wn[2 * m:2 * m + 2]))
-        if blocks % (WARPS * unroll):  # the last steps' blocks past the row are skipped
-            part = [ir.If(ir.alu("lt", block, const(blocks)), part)]
+                # each block's elements 8 b .. 8 b + 3, then 8 b + 4 .. 8 b + 7 of the run
+                for q in range(0, run // 2, 2):
+                    a = [top[q], bottom[q], top[q + 1], bottom[q + 1]]
+                    part.append(ir.Mma("m16n8k16", dtype, accs[s][j], a, wn[q:q + 2]))
+        if units % (WARPS * unroll):  # the last steps' units past the row are skipped
+            part = [ir.If(ir.alu("lt", unit, const(units)), part)]
         step += part
-    body.append(ir.For("kb", var("warp"), const(blocks), const(WARPS * unroll), step))
+    body.append(ir.For("kb", var("warp"), const(units), const(WARPS * unroll), step))
 
     # each warp's partial sums to local memory, [warp][stage][fragment][register][lane]
     def slot(w: ir.Expr, s: int, j: ir.Expr, e: ir.Expr, lane: ir.Expr) -> ir.Expr:
@@ -240,7 +367,9 @@ def build(ast: Any, how: RowsPlan, params: list[ir.Param], name: str) -> ir.Kern
                                   ir.alu("add", ir.alu("mul", ir.alu("mod", var("fl"), const(4)),
                                                        const(2)),
                                          ir.alu("mod", var("fe"), const(2)))))]
-    env: dict[str, ir.Expr] = {shared: var("row"), **gemm.split(outer, var("col"))}
+    env: dict[str, ir.Expr] = gemm.split(outer, var("col"))
+    if shared is not None:
+        env[shared] = var("row")
     for s, stage in enumerate(ast.stages):
         total: ir.Expr = ir.const(0, float32)
         for other in range(WARPS):
