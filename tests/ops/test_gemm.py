@@ -338,3 +338,31 @@ def test_tensor_core_rows_kernel_renders() -> None:
     assert source.count("reinterpret_cast<const unsigned int*>") == 4 * 3
     assert "template" not in last_kernel(ag.float16, {"cc": (7, 5), "subgroup": 32}).meta
     assert "template" not in last_kernel(ag.float32, {"cc": (9, 0), "subgroup": 32}).meta
+
+
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+def test_one_row_against_packed_weights_renders_on_tensor_cores(kind: str) -> None:
+    """A decode step's product of one row and 4-bit (or 8-bit) weights as CUDA renders it:
+    the tensor-core rows kernel, each lane reading a run of 32 weights (one 16-byte load of
+    4-bit weights, 32 bytes of 8-bit), the weights unpacked and scaled two at a time in half2
+    arithmetic; one row of float16 weights keeps the segments (it runs at the memory's rate)."""
+    from anygpu.codegen.render.cstyle import render
+    from anygpu.llm import quant
+
+    rng = np.random.default_rng(43)
+    qw = quant.quantize(rng.standard_normal((512, 1024)).astype(np.float32), kind, 32, "cpu",
+                        ag.float16)
+    x = ag.tensor(rng.standard_normal((1, 1024)).astype(np.float16)).realize()
+    features = {"cc": (9, 0), "subgroup": 32}
+    item = [i for i in schedule([qw.linear(x).lazy]) if isinstance(i, KernelItem)][-1]
+    kernel = lower.to_ir(item.ast, "cuda", 1024, features)
+    assert kernel.meta["template"] == "tensor-core rows (1 rows, 8 columns a group)"
+    source = render(kernel, "cuda")
+    # 2 mmas for each of the run's 4 blocks
+    assert source.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 8
+    # the fragment's 16 registers made two weights at a time
+    assert source.count("halves2_mul<__half2>(") == 16
+    assert "__float2half_rn((float)" not in source  # no weight rounded from float32
+    w = ag.tensor(rng.standard_normal((512, 1024)).astype(np.float16)).realize()
+    item = [i for i in schedule([(x @ w.T).lazy]) if isinstance(i, KernelItem)][-1]
+    assert "template" not in lower.to_ir(item.ast, "cuda", 1024, features).meta

@@ -1,4 +1,4 @@
-"""Few rows against a large matrix on tensor cores: the products of a batched decode step.
+"""Few rows against a large matrix on tensor cores: the products of a decode step.
 
 A decode step of 2 to 16 sequences multiplies each layer's weight matrix by as many rows of
 activations (``x @ W.T``, x of M <= 16 rows). The segment lowering computes such rows together
@@ -6,24 +6,34 @@ activations (``x @ W.T``, x of M <= 16 rows). The segment lowering computes such
 and 16 conversions per weight: a Llama-2-7B step of 16 sequences on an H200 ran its 11008-row
 products at 0.1 TB/s, compute-bound. Here the rows are the 16 rows of an ``mma.sync`` m16n8k16
 fragment and the weights its columns, so the tensor cores do the arithmetic and the weights
-stream at the memory's rate.
+stream at the memory's rate. One row against packed weights (4-bit or 8-bit) comes here too:
+on SIMT units their unpacking and multiply-adds, not the memory, bound the product.
 
 A work-group of WARPS warps computes ``8 * ni`` columns (outputs along the weight's rows) of
-every row and stage; its warps split k, warp ``w`` taking the 32-element blocks ``w``,
-``w + WARPS``, ..., and combine their float32 partial sums through local memory at the end.
+every row and stage; its warps split k, warp ``w`` taking the units (blocks of 32 elements, or
+of 32 * RUN_BLOCKS) ``w``, ``w + WARPS``, ..., and combine their float32 partial sums through
+local memory at the end.
+
 Each lane reads its fragments straight from memory, without local tiles: the sum over k does
 not depend on the order of its terms, so the lane that an mma gives k-slots 2t, 2t + 1, 2t + 8
 and 2t + 9 of a block of 16 is handed the 8 consecutive elements 8t .. 8t + 7 of a block of 32,
 the first four for one mma and the last four for the next, in the A fragment (the activations)
 and the B fragment (the weights) alike. So every lane reads 16 consecutive bytes of a weight
 row per block: one vector load, the raw words of a float16 or bfloat16 matrix going straight
-into the fragment registers. Computed operands (a fused normalization's output, 4-bit weights
-scaled) are evaluated in float32 and rounded into the fragment's dtype, as a framework rounds
-a model's activations to its dtype between layers.
+into the fragment registers. Where the weights are packed, lane t of a quad takes instead the
+run of 32 consecutive elements ``unit * 128 + 32 t ..`` over RUN_BLOCKS blocks: one group of
+4-bit weights, one 16-byte load, each weight's shift within its word a constant; of every four
+elements the first and third share a register, then the second and fourth, so that a pair of
+4-bit weights is one shift and one mask of a word (``_pair``), the activations' halves moved
+to match. Computed operands (a fused normalization's output) are evaluated in float32 and
+rounded into the fragment's dtype, as a framework rounds a model's activations to its dtype
+between layers; small integers times a 16-bit scale (4-bit and 8-bit weights) are made in
+16-bit arithmetic two at a time, to the same values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +42,7 @@ import numpy as np
 
 from anygpu.codegen import ir, lower
 from anygpu.codegen.templates import gemm
-from anygpu.dtype import DType, bfloat16, float16, float32, uint32
+from anygpu.dtype import DType, bfloat16, float16, float32, int8, int32, uint32
 
 WARPS = 8
 # columns of each work-group, in fragments of 8: at most this many accumulators of 16 x 8 per
@@ -159,10 +169,25 @@ def _words(values: list[ir.Expr], axes: list[tuple[str, int]], dtype: DType, pre
     names = [f"{prefix}w{q}" for q in range(len(values) // 2)]
     flat = [n for r in reads if isinstance(r, ir.VecLoad) for n in r.names]
     if reads and all(isinstance(r, ir.VecLoad) and r.dtype == dtype and len(r.names) == 8
-                     for r in reads) and len(flat) == len(values) and \
-            all(c[0] is ir.var(n, dtype) for c, n in zip(copies, flat)):
-        return [ir.VecLoad(names[4 * i:4 * i + 4], uint32, r.buf, r.index)
-                for i, r in enumerate(reads) if isinstance(r, ir.VecLoad)], names
+                     for r in reads) and len(flat) == len(values):
+        raw: list[ir.Stmt] = [
+            ir.VecLoad([f"{prefix}r{4 * i + q}" for q in range(4)], uint32, r.buf, r.index)
+            for i, r in enumerate(reads) if isinstance(r, ir.VecLoad)]
+        if all(c[0] is ir.var(n, dtype) for c, n in zip(copies, flat)):  # in memory's order
+            return [dataclasses.replace(r, names=names[4 * i:4 * i + 4])
+                    for i, r in enumerate(raw) if isinstance(r, ir.VecLoad)], names
+        where = {id(ir.var(n, dtype)): i for i, n in enumerate(flat)}
+        if all(id(c[0]) in where for c in copies):  # in another order: halves moved
+            def half(e: ir.Expr) -> ir.Expr:
+                i = where[id(e)]
+                word = ir.var(f"{prefix}r{i // 2}", uint32)
+                if i % 2:
+                    return ir.alu("shr", word, ir.const(16, uint32))
+                return ir.alu("and", word, ir.const(0xFFFF, uint32))
+            return raw + [ir.Decl(names[q], uint32, ir.alu(
+                "or", half(copies[2 * q][0]), ir.alu("shl", half(copies[2 * q + 1][0]),
+                                                     ir.const(16, uint32))))
+                for q in range(len(names))], names
     stmts = reads + [ir.Decl(names[q], uint32, _pair(copies[2 * q][0], copies[2 * q + 1][0],
                                                      dtype))
                      for q in range(len(names))]
@@ -195,10 +220,10 @@ def _int_range(e: ir.Expr) -> tuple[int, int] | None:
         return sum(p[0] for p in parts), sum(p[1] for p in parts)
     if e.op == "cast":
         src = e.srcs[0].dtype
+        if e.dtype.itemsize == 1:  # a byte, whatever it was cut from
+            return (-128, 127) if e.dtype == int8 else (0, 255)
         if src.is_float or src.itemsize > e.dtype.itemsize:
             return None
-        if src.itemsize == 1:
-            return (-128, 127) if src.name == "int8" else (0, 255)
         return _int_range(e.srcs[0])
     return None
 
@@ -236,6 +261,32 @@ def _exact(value: float, dtype: DType) -> bool:
         float(np.float32(value)) == value
 
 
+def _fields(low: ir.Expr, high: ir.Expr, least: int) -> ir.Expr | None:
+    """``low - least`` and ``high - least`` in the two halves of one word with one shift and
+    one mask, where they are the fields ``(w >> s) & m`` and ``(w >> (s + 16)) & m`` of one
+    word (each less ``least``, if that is not 0); else None."""
+    def field(n: ir.Expr) -> tuple[ir.Expr, int, int] | None:
+        if least:
+            if n.op != "add" or not any(x.op == "const" and x.arg == least for x in n.srcs):
+                return None
+            n = next(x for x in n.srcs if not (x.op == "const" and x.arg == least))
+        if n.op != "and" or n.srcs[1].op != "const" or not 0 <= int(n.srcs[1].arg) < 1 << 16:
+            return None
+        inner, mask = n.srcs[0], int(n.srcs[1].arg)
+        if inner.op == "shr" and inner.srcs[1].op == "const":
+            return inner.srcs[0], int(inner.srcs[1].arg), mask
+        return inner, 0, mask
+
+    a, b = field(low), field(high)
+    if a is None or b is None or a[0] is not b[0] or a[2] != b[2] or b[1] != a[1] + 16 or \
+            a[0].dtype.itemsize != 4:
+        return None
+    word = ir.cast(a[0], uint32)
+    if a[1]:
+        word = ir.alu("shr", word, ir.const(a[1], uint32))
+    return ir.alu("and", word, ir.const(a[2] | a[2] << 16, uint32))
+
+
 def _pair(low: ir.Expr, high: ir.Expr, dtype: DType) -> ir.Expr:
     """One fragment register holding ``low`` and ``high`` rounded to ``dtype``. Two small
     integers times one scale (a pair of 4-bit weights of a group) are made in 16-bit
@@ -253,10 +304,12 @@ def _pair(low: ir.Expr, high: ir.Expr, dtype: DType) -> ir.Expr:
         return ir.pack_halves(low, high, dtype)
 
     def bits(n: ir.Expr) -> ir.Expr:
-        return ir.cast(ir.alu("add", n, ir.const(-least, n.dtype)), uint32)
+        return ir.cast(ir.alu("add", ir.cast(n, int32), ir.const(-least, int32)), uint32)
 
-    word = ir.alu("or", ir.alu("or", bits(a[0]), ir.alu("shl", bits(b[0]), ir.const(16, uint32))),
-                  ir.const(power | power << 16, uint32))
+    both = _fields(a[0], b[0], least)
+    if both is None:
+        both = ir.alu("or", bits(a[0]), ir.alu("shl", bits(b[0]), ir.const(16, uint32)))
+    word = ir.alu("or", both, ir.const(power | power << 16, uint32))
     sub = _half_bits(offset, dtype)
     values = ir.halves2("sub", word, ir.const(sub | sub << 16, uint32), dtype)
     return ir.halves2("mul", values, ir.pack_halves(a[1], a[1], dtype), dtype)
@@ -304,6 +357,10 @@ def build(ast: Any, how: RowsPlan, params: list[ir.Param], name: str) -> ir.Kern
     span = how.span
     units = red_total // (32 * span)
     run = 8 * span
+    # the run's elements in the order of the fragments' k-slots: of each four, the first and
+    # third share a register, then the second and fourth, where the weights are packed (a
+    # 4-bit weight's neighbour two places on sits 16 bits higher in the same word)
+    order = [4 * (v // 4) + (0, 2, 1, 3)[v % 4] if span > 1 else v for v in range(run)]
     step: list[ir.Stmt] = []
     for u in range(unroll):
         kc = f"kc{u}"
@@ -313,7 +370,7 @@ def build(ast: Any, how: RowsPlan, params: list[ir.Param], name: str) -> ir.Kern
         axes = [("r0", rows), ("r1", rows)] + [(f"n{j}", columns) for j in range(ni)] + \
             [(kc, red_total // run)]
         elements = [lower._reduce_index(ast, ir.alu("add", ir.alu("mul", var(kc), const(run)),
-                                                     const(v))) for v in range(run)]
+                                                     const(v))) for v in order]
         xs: dict[int, tuple[list[str], list[str]]] = {}  # the A words of each distinct x
         for s, (x, w) in enumerate(pairs):
             if id(x) not in xs:
