@@ -445,7 +445,7 @@ def template_options(ast: KernelAST, dialect: str, max_local: int, features: dic
     if contraction is None:
         return []
     tensor = mma.candidates(contraction, dialect, features, max_local, level)
-    simt = gemm.candidates(contraction, max_local, level)
+    simt = gemm.candidates(contraction, max_local, level, features.get("units", 0))
     default = mma.choose(contraction, dialect, features, max_local)
     if default is None:
         # the SIMT template's choice (or none: the product is too small for a template)
@@ -458,6 +458,7 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
           features: dict | None = None, options: TemplateOptions | None = None) -> ir.Kernel:
     """Choose loops for the kernel on a device: plain loops on cpu, work-groups on GPUs.
     ``features`` describes the device beyond its dialect: "cc" (CUDA compute capability),
+    "units" (its compute units: SMs, CUs),
     "tf32" (whether float32 products may use tf32 tensor cores), "max_shared" (the local
     memory a work-group may take, in bytes) and "subgroup" (absent: none; an int: the lanes of
     a warp, exchanged by shuffles; "varying": subgroup operations of a size the device picks).
@@ -494,7 +495,8 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
                          {"bytes": kernel_bytes(ast), "flops": contraction.flops,
                           "options": mma_opts})
     opts = options if isinstance(options, gemm.GemmOptions) else \
-        gemm.choose(contraction, max_local) if contraction is not None else None
+        gemm.choose(contraction, max_local, features.get("units", 0)) \
+        if contraction is not None else None
     if contraction is not None and opts is not None:
         return gemm.build(ast, contraction, opts, params, "gemm_" + sizes,
                           {"bytes": kernel_bytes(ast), "flops": contraction.flops,

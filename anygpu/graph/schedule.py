@@ -620,7 +620,7 @@ _compiled: dict[tuple, tuple[Program, ir.Kernel]] = {}
 def device_features(device: Device) -> dict:
     """What ``lower.to_ir`` may use of ``device`` beyond its dialect (see its docstring)."""
     extra = device.info.extra
-    features = {"cc": extra.get("cc", (0, 0)),
+    features = {"cc": extra.get("cc", (0, 0)), "units": device.info.compute_units,
                 "tf32": get_float32_matmul_precision() != "highest",
                 "max_shared": extra.get("max_shared", 48 * 1024)}
     if extra.get("subgroup") and config.get().subgroups:

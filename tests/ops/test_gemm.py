@@ -42,7 +42,8 @@ def _check(got: ag.Tensor, want: torch.Tensor, dtype: ag.DType) -> None:
     np.testing.assert_allclose(got.float().numpy(), w, rtol=rtol, atol=atol * scale)
 
 
-@pytest.mark.parametrize("m,k,n", [(200, 70, 150), (129, 33, 257), (64, 300, 40), (1000, 9, 33)])
+@pytest.mark.parametrize("m,k,n", [(200, 70, 150), (129, 33, 257), (64, 300, 40), (1000, 9, 33),
+                                   (17500, 72, 60), (50, 40, 21000)])
 def test_shapes(device: str, m: int, k: int, n: int) -> None:
     a, b = _rand((m, k), m), _rand((k, n), n)
     out = ag.tensor(a, device=device) @ ag.tensor(b, device=device)
