@@ -364,10 +364,11 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
     summed = max(product.numel // max(node.numel, 1), 1)  # elements summed into each output
     # an untiled GPU product whose larger operand is computed (weights dequantized in its
     # loads) spends its arithmetic units on that operand, not its memory
+    least = min((below.numel for below in operands), default=0)
     dequantized = not on_cpu and not tiled and any(
-        _under_movement(side).numel > min(below.numel for below in operands) and
-        _operand_cost(_under_movement(side), root, _DEQUANTIZED_COST) >= _DEQUANTIZED_COST
-        for side in product.srcs) if operands else False
+        side.numel > least and
+        _operand_cost(side, root, _DEQUANTIZED_COST) >= _DEQUANTIZED_COST
+        for side in map(_under_movement, product.srcs))
     for below in operands:
         limit = _FUSED_OPERAND_COST if not cpu else _FUSED_OPERAND_COST_CPU
         smaller = all(below.numel <= other.numel for other in operands)

@@ -278,8 +278,10 @@ def _fields(low: ir.Expr, high: ir.Expr, least: int) -> ir.Expr | None:
         return inner, 0, mask
 
     a, b = field(low), field(high)
+    # (the high field's bits below the word's top: a signed word's shift fills the top with
+    # its sign, a uint32's with zeros)
     if a is None or b is None or a[0] is not b[0] or a[2] != b[2] or b[1] != a[1] + 16 or \
-            a[0].dtype.itemsize != 4:
+            a[0].dtype.itemsize != 4 or b[1] + a[2].bit_length() > 32:
         return None
     word = ir.cast(a[0], uint32)
     if a[1]:
