@@ -341,6 +341,55 @@ def test_tensor_core_rows_kernel_renders() -> None:
     assert "template" not in last_kernel(ag.float32, {"cc": (9, 0), "subgroup": 32}).meta
 
 
+def _bfloat16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 (nearest, ties to even), as float32."""
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(np.float32)
+
+
+@pytest.mark.parametrize("dtype,low,high", [("float16", -8, 7), ("float16", -128, 127),
+                                            ("bfloat16", -8, 7)])
+def test_packed_weights_in_half_arithmetic_equal_the_rounded_product(dtype: str, low: int,
+                                                                     high: int) -> None:
+    """The identity the tensor-core rows unpack 4-bit and 8-bit weights by (``mma_rows._pair``):
+    an integer n put in the mantissa of a power of two P (bits P | (n - low)), P - low taken
+    away and the scale multiplied in, each step rounded to the 16-bit dtype, equals the float32
+    product n * scale rounded once, for every n and scales of every magnitude (subnormal to
+    large)."""
+    from anygpu.codegen.templates import mma_rows
+
+    top, power = mma_rows._MANTISSA[getattr(ag, dtype)]
+    rng = np.random.default_rng(44)
+    scales = np.concatenate([rng.uniform(-1, 1, 3000) * 10.0 ** rng.integers(-7, 4, 3000),
+                             [6.1e-5, -6.0e-8, 1.0, 60000.0 / 128]]).astype(np.float32)
+    n = np.arange(low, high + 1, dtype=np.float32)
+    with np.errstate(over="ignore"):  # large scales overflow to inf, the same either way
+        got, want = _two_ways(dtype, top, power, low, n, scales)
+    assert np.array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                          equal_nan=True)
+
+
+def _two_ways(dtype: str, top: int, power: int, low: int, n: np.ndarray, scales: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """(n * scale made in 16-bit arithmetic from the mantissa, the float32 product rounded)."""
+    if dtype == "float16":
+        s = scales.astype(np.float16)
+        bits = (power | (n - low).astype(np.uint16)).astype(np.uint16).view(np.float16)
+        values = bits - np.float16(top - low)  # float16 arithmetic, rounded each step
+        got = values[:, None] * s[None, :]
+        want = (n[:, None] * s.astype(np.float32)[None, :]).astype(np.float16)
+        np.testing.assert_array_equal(values.astype(np.float32), n)
+    else:
+        s = _bfloat16(scales)
+        bits = ((power | (n - low).astype(np.uint32)) << 16).astype(np.uint32).view(np.float32)
+        values = _bfloat16(bits - _bfloat16(np.float32(top - low)))
+        got = _bfloat16(values[:, None] * s[None, :])
+        want = _bfloat16(n[:, None] * s[None, :])
+        np.testing.assert_array_equal(values, n)
+    return got, want
+
+
 @pytest.mark.parametrize("kind", ["q4", "q8"])
 def test_one_row_against_packed_weights_renders_on_tensor_cores(kind: str) -> None:
     """A decode step's product of one row and 4-bit (or 8-bit) weights as CUDA renders it:
