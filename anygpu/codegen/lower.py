@@ -172,6 +172,8 @@ class _Builder:
             if isinstance(atom, sym.Var):
                 term = self.dynamic[atom.name] if atom.name in self.dynamic else \
                     ir.var(atom.name, dt)
+            elif isinstance(atom, sym.Assumed):
+                term = self.lin_expr(atom.a)
             else:
                 inner = self.lin_expr(atom.a)
                 term = ir.alu("idiv" if isinstance(atom, sym.Div) else "mod", inner,
@@ -293,6 +295,10 @@ class _Builder:
         src_idx = [i - lo for i, (lo, _) in zip(idx, arg)]
         if not new:
             return self.value(src, src_idx, conds)
+        # under the guard, each index lies in its source's range
+        guarded = {id(lin) for lin, _, _ in new}
+        src_idx = [sym.assumed(s, n) if id(i) in guarded else s
+                   for i, s, n in zip(idx, src_idx, src.shape)]
         inner = self.value(src, src_idx, conds + tuple(new))
         cond = self.cond_expr(tuple(new))
         assert cond is not None

@@ -119,7 +119,23 @@ class Mod(_ByConstant):
         return f"({_operand(self.a)}%{self.b})"
 
 
-Atom = Union[Var, Div, Mod]
+class Assumed(_ByConstant):
+    """``a``, taken to lie in 0 .. b-1 where an expression is simplified: the index into a
+    padded tensor's source, whose loads are guarded by that range (outside it nothing is read,
+    so whatever the address would be does not matter). A reshape's flattening and splitting of
+    such an index then cancel instead of leaving divisions that borrow across rows."""
+
+    @cached_property
+    def _bounds(self) -> tuple[int, int]:
+        lo, hi = self.a.bounds
+        return max(lo, 0), min(hi, self.b - 1)
+
+    @cached_property
+    def _text(self) -> str:
+        return f"assumed({self.a}<{self.b})"
+
+
+Atom = Union[Var, Div, Mod, Assumed]
 
 
 def _operand(x: "Lin") -> str:
@@ -192,6 +208,15 @@ def var(name: str, size: int) -> Lin:
     if size <= 1:
         return const(0)
     return Lin(((Var(name, size), 1),), 0)
+
+
+def assumed(x: "Lin | int", n: int) -> Lin:
+    """``x``, taken to lie in 0 .. n-1 (see Assumed)."""
+    x = lin(x)
+    lo, hi = x.bounds
+    if lo >= 0 and hi < n:
+        return x
+    return _atom(Assumed(x, n))
 
 
 def lin(x: "Lin | int") -> Lin:
@@ -326,6 +351,8 @@ def substitute(x: Lin, mapping: dict[Var, Lin]) -> Lin:
             term = mapping.get(atom, _atom(atom))
         elif isinstance(atom, Div):
             term = div(substitute(atom.a, mapping), atom.b)
+        elif isinstance(atom, Assumed):
+            term = assumed(substitute(atom.a, mapping), atom.b)
         else:
             term = mod(substitute(atom.a, mapping), atom.b)
         out = add(out, mul(term, c))
@@ -336,6 +363,8 @@ def has_divmod_of(x: Lin, v: Var) -> bool:
     """Whether ``v`` appears under a division or modulo in ``x``."""
     for atom, _ in x.terms:
         if isinstance(atom, (Div, Mod)) and v in atom.a.vars():
+            return True
+        if isinstance(atom, Assumed) and has_divmod_of(atom.a, v):
             return True
     return False
 

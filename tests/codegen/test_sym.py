@@ -34,6 +34,8 @@ def evaluate(x: Lin, env: dict[str, int]) -> int:
             v = env[atom.name]
         elif isinstance(atom, Div):
             v = evaluate(atom.a, env) // atom.b
+        elif isinstance(atom, sym.Assumed):
+            v = evaluate(atom.a, env)
         else:
             v = evaluate(atom.a, env) % atom.b
         total += c * v
@@ -118,6 +120,25 @@ def test_substitute() -> None:
     assert substitute(mod(i, 3), {iv: a * 3 + b}) == b
     assert substitute(i * 2 + 1, {iv: a + 1}) == a * 2 + 3
     assert substitute(div(i, 3), {}) == div(i, 3)
+
+
+def test_an_assumed_range_cancels_a_padded_reshape() -> None:
+    """A padded tensor's source index (``o - 1``, guarded to 0 .. 11) flattened with a row and
+    split again leaves no division where its range is taken as given; without it the split
+    borrows across rows. Where the index is in range anyway, nothing changes; the assumed
+    index evaluates to the index itself, and substitution keeps the assumption."""
+    o, r = var("o", 14), var("r", 3)
+    padded = o - 1  # bounds -1 .. 12: reads of the padding are guarded
+    plain = unflatten(flat_index([r, padded], (3, 12)), (3, 12))
+    assert any(isinstance(a, (sym.Div, sym.Mod)) for x in plain for a, _ in x.terms)
+    kept = sym.assumed(padded, 12)
+    assert kept.bounds == (0, 11)
+    assert unflatten(flat_index([r, kept], (3, 12)), (3, 12)) == [r, kept]
+    assert sym.assumed(r, 3) == r
+    assert [evaluate(kept, {"o": v}) for v in (0, 5, 13)] == [-1, 4, 12]  # its own value
+    moved = substitute(kept, {Var("o", 14): var("p", 13) + 1})
+    assert str(moved) == "assumed(p<12)"
+    assert substitute(kept, {Var("o", 14): var("q", 12) + 1}) == var("q", 12)  # in range
 
 
 def test_has_divmod_and_strides() -> None:
