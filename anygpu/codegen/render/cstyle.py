@@ -8,6 +8,7 @@ enclosing blocks declared, so loop-variant values are never used outside their l
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from anygpu.codegen import ir
 from anygpu.dtype import (DType, bfloat16, bool_, float16, float32, int8, int32, int64, min_value,
@@ -441,33 +442,23 @@ def _stmt_exprs(st: ir.Stmt) -> list[ir.Expr]:
     return []
 
 
+def any_expr(kernel: ir.Kernel, test: Callable[[ir.Expr], bool]) -> bool:
+    """Whether ``test`` holds for an expression of ``kernel`` (each shared one visited once)."""
+    seen: set[int] = set()
+
+    def visit(e: ir.Expr) -> bool:
+        if id(e) in seen:
+            return False
+        seen.add(id(e))
+        return test(e) or any(visit(s) for s in e.srcs)
+
+    return any(visit(e) for st in _walk(kernel.body) for e in _stmt_exprs(st))
+
+
 def uses_dtype(kernel: ir.Kernel, dtype: DType) -> bool:
-    if any(p.dtype == dtype for p in kernel.params):
-        return True
-    seen: set[int] = set()
-
-    def visit(e: ir.Expr) -> bool:
-        if id(e) in seen:
-            return False
-        seen.add(id(e))
-        return e.dtype == dtype or (e.op == "pack_halves" and e.arg == dtype) or \
-            (e.op == "halves2" and e.arg[1] == dtype) or \
-            any(visit(s) for s in e.srcs)
-
-    return any(visit(e) for st in _walk(kernel.body) for e in _stmt_exprs(st))
-
-
-def uses_op(kernel: ir.Kernel, op: str) -> bool:
-    """Whether an expression of ``kernel`` is an ``op``."""
-    seen: set[int] = set()
-
-    def visit(e: ir.Expr) -> bool:
-        if id(e) in seen:
-            return False
-        seen.add(id(e))
-        return e.op == op or any(visit(s) for s in e.srcs)
-
-    return any(visit(e) for st in _walk(kernel.body) for e in _stmt_exprs(st))
+    return any(p.dtype == dtype for p in kernel.params) or any_expr(
+        kernel, lambda e: e.dtype == dtype or (e.op == "pack_halves" and e.arg == dtype) or
+        (e.op == "halves2" and e.arg[1] == dtype))
 
 
 RENDERERS: dict[str, type[CStyleRenderer]] = {}

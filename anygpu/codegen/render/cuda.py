@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from anygpu.codegen import ir
-from anygpu.codegen.render.cstyle import BASE_TYPES, RENDERERS, CStyleRenderer, uses_dtype, \
-    uses_op
+from anygpu.codegen.render.cstyle import BASE_TYPES, RENDERERS, CStyleRenderer, any_expr, \
+    uses_dtype
 from anygpu.dtype import ALL, DType, bfloat16, bool_, float16, int8, uint8
 
 
@@ -189,7 +189,7 @@ class CUDARenderer(CStyleRenderer):
             lines.append(self.fp16_header)
         if uses_dtype(kernel, bfloat16):
             lines.append(self.bf16_header)
-        if uses_op(kernel, "halves2"):
+        if any_expr(kernel, lambda e: e.op == "halves2"):
             lines.append(HALVES2)
         return lines
 
