@@ -49,6 +49,10 @@ class Config:
     """0: reductions on GPUs combine their threads' values through local memory alone, even where
     the device has subgroups (warp shuffles, OpenCL's and WebGPU's subgroup operations)."""
 
+    wgmma: int = 1
+    """0: float16 and bfloat16 products on Hopper GPUs use the tensor cores through ``mma.sync``
+    (as on Ampere) instead of warpgroups (``wgmma``)."""
+
     @property
     def cache_path(self) -> Path:
         return Path(self.cache_dir or _default_cache_dir())

@@ -345,8 +345,44 @@ class AsyncWait:
     pending: int
 
 
+@dataclass
+class Wgmma:
+    """A warpgroup's (4 consecutive warps') asynchronous matrix multiply-accumulate on Hopper's
+    tensor cores (CUDA's ``wgmma.mma_async``, sm_90a): ``acc`` (``n / 2`` float32 variables per
+    thread) += A (64 x 16) @ B (16 x ``n``) of float16 or bfloat16. Both operands are read from
+    local memory, from tiles of lines of 64 elements (128 bytes) swizzled by 128 bytes in atoms
+    of 8 lines (16-byte chunk c of line r stored at chunk c ^ (r % 8); tiles start on
+    1024-byte boundaries). A line runs along k, or with ``trans`` along the operand's rows
+    (A's m, B's n), the next 64 of them ``lbo`` bytes further. ``a`` and ``b`` give the element
+    (local array, index) where the fragment begins. ``acc`` holds the result after a
+    ``WgmmaSync("wait")``."""
+
+    n: int
+    dtype: DType
+    acc: list[str]
+    a: tuple[str, Expr]
+    b: tuple[str, Expr]
+    trans: tuple[bool, bool] = (False, False)
+    lbo: tuple[int, int] = (16, 16)
+
+
+@dataclass
+class WgmmaSync:
+    """Ordering around :class:`Wgmma`. ``op``: "fence" before a warpgroup's first wgmma (its
+    accumulators written otherwise); "commit" closes the group of wgmmas issued since the last;
+    "wait" waits until at most ``pending`` groups are in flight, after which ``acc`` may be
+    read; "proxy" makes this thread's completed writes to local memory (``AsyncCopy`` included)
+    visible to the tensor cores' reads, before the barrier that publishes them."""
+
+    op: str
+    pending: int = 0
+    acc: list[str] = field(default_factory=list)
+
+
 Stmt = (Decl | Assign | Store | For | If | Barrier | LocalArray | VecLoad | Mma | LdMatrix
-        | AsyncCopy | AsyncCommit | AsyncWait)
+        | AsyncCopy | AsyncCommit | AsyncWait | Wgmma | WgmmaSync)
+# the statements only some dialects render (``async_stmt`` of the renderers)
+AsyncStmt = LdMatrix | AsyncCopy | AsyncCommit | AsyncWait | Wgmma | WgmmaSync
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Callable
 
 from anygpu.codegen import ir, sym
 from anygpu.codegen.render.cstyle import subgroup_reduces
-from anygpu.codegen.templates import gemm, mma
+from anygpu.codegen.templates import gemm, mma, wgmma
 from anygpu.dtype import (DType, bfloat16, bool_, float16, float32, int32, int64, min_value,
                            uint32, wrap_int)
 from anygpu.graph.lazy import Lazy, is_boundary
@@ -496,7 +496,8 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
         mma_opts = mma.choose(contraction, dialect, features, max_local) \
             if options is None else options if isinstance(options, mma.MmaOptions) else None
         if mma_opts is not None:
-            build = mma.build_pipelined if mma_opts.stages else mma.build
+            build = wgmma.build if mma_opts.wgmma else \
+                mma.build_pipelined if mma_opts.stages else mma.build
             return build(ast, contraction, mma_opts, params, "gemm_" + sizes,
                          {"bytes": kernel_bytes(ast), "flops": contraction.flops,
                           "options": mma_opts})

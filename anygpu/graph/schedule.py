@@ -624,6 +624,8 @@ def device_features(device: Device) -> dict:
     features = {"cc": extra.get("cc", (0, 0)), "units": device.info.compute_units,
                 "tf32": get_float32_matmul_precision() != "highest",
                 "max_shared": extra.get("max_shared", 48 * 1024)}
+    if extra.get("wgmma") and config.get().wgmma:
+        features["wgmma"] = True
     if extra.get("subgroup") and config.get().subgroups:
         features["subgroup"] = extra["subgroup"]
     if device.dialect == "wgsl" and device.info.is_cpu:

@@ -238,7 +238,8 @@ class GPUDevice(Device):
     def _query_info(self) -> DeviceInfo:
         raise NotImplementedError
 
-    def _compile_options(self) -> list[bytes]:
+    def _compile_options(self, source: str = "") -> list[bytes]:
+        """The compiler's options for ``source``."""
         raise NotImplementedError
 
     def _binary_calls(self) -> tuple[Callable, Callable]:
@@ -333,7 +334,7 @@ class GPUDevice(Device):
         return EventTimer(self)
 
     def compile(self, source: str, name: str) -> bytes:
-        options = self._compile_options()
+        options = self._compile_options(source)
         ok, log, binary = self._run_compiler(source, name, options + self._include_options)
         if not ok and not self._include_options and _missing_header(log):
             headers = self._header_options()
@@ -521,6 +522,7 @@ class CUDADevice(GPUDevice):
             extra={"cc": self.compute_capability, "max_shared": self._attribute(
                 attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
                 "clock_khz": self._attribute(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
+                "wgmma": self.has_wgmma,
                 "subgroup": self._attribute(attr.CU_DEVICE_ATTRIBUTE_WARP_SIZE)})
 
     def supports(self, dtype: DType) -> bool:
@@ -550,9 +552,17 @@ class CUDADevice(GPUDevice):
         older = [a for a in archs if a <= cc]
         return f"--gpu-architecture=compute_{max(older) if older else min(archs)}", False
 
-    def _compile_options(self) -> list[bytes]:
+    def _compile_options(self, source: str = "") -> list[bytes]:
         arch, _ = self._target
+        if arch.endswith("sm_90") and "wgmma." in source:
+            arch += "a"  # wgmma is an sm_90a instruction: such a cubin runs on sm_90 alone
         return [arch.encode(), b"-default-device", b"--std=c++17", b"-DNDEBUG"]
+
+    @property
+    def has_wgmma(self) -> bool:
+        """Whether kernels may use Hopper's warpgroup instructions (compiled for sm_90a)."""
+        return self.compute_capability == (9, 0) and self._target == ("--gpu-architecture=sm_90",
+                                                                      True)
 
     def _binary_calls(self) -> tuple[Callable, Callable]:
         if self._target[1]:

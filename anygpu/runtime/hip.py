@@ -88,7 +88,7 @@ class HIPDevice(GPUDevice):
             # the wavefront's lanes (32 or 64); 0 where not reported: no shuffles then
             extra={"arch": self._arch, "subgroup": int(getattr(props, "warpSize", 0))})
 
-    def _compile_options(self) -> list[bytes]:
+    def _compile_options(self, source: str = "") -> list[bytes]:
         return [b"--offload-arch=" + self._arch.encode(), b"-std=c++17", b"-DNDEBUG"]
 
     def _binary_calls(self) -> tuple[Callable, Callable]:

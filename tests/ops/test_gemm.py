@@ -416,3 +416,39 @@ def test_one_row_against_packed_weights_renders_on_tensor_cores(kind: str) -> No
     w = ag.tensor(rng.standard_normal((512, 1024)).astype(np.float16)).realize()
     item = [i for i in schedule([(x @ w.T).lazy]) if isinstance(i, KernelItem)][-1]
     assert "template" not in lower.to_ir(item.ast, "cuda", 1024, features).meta
+
+
+@pytest.mark.parametrize("ta,tb", [(False, True), (False, False), (True, False)])
+def test_warpgroup_kernel_renders(ta: bool, tb: bool) -> None:
+    """On a device with Hopper's warpgroup instructions (the feature "wgmma"), a float16
+    product as CUDA renders it (checked here without a GPU; the GPU check runs it): cp.async
+    copies into 128-byte-swizzled tiles of a ring of stages in dynamic shared memory aligned to
+    1024 bytes, fenced for the tensor cores' reads, and per step of 64 along k four wgmmas of
+    64 x 128 x 16 per warpgroup, the previous step's group still in flight; an operand whose
+    lines run along its rows instead of k is read transposed."""
+    from anygpu.codegen.render.cstyle import render
+
+    a = _rand((512, 2048) if ta else (2048, 512), 28)
+    b = _rand((2048, 512) if tb else (512, 2048), 29)
+    x, y = ag.tensor(a).half().realize(), ag.tensor(b).half().realize()
+    out = (x.T if ta else x) @ (y.T if tb else y)
+    item = [i for i in schedule([out.lazy]) if isinstance(i, KernelItem)][-1]
+    features = {"cc": (9, 0), "wgmma": True, "units": 132, "max_shared": 227 * 1024}
+    kernel = lower.to_ir(item.ast, "cuda", 1024, features)
+    assert kernel.meta["template"] == \
+        "gemm wgmma tensor cores, 128x128x64 tiles, 2 warpgroups, 6-stage cp.async"
+    assert kernel.local == 256
+    source = render(kernel, "cuda")
+    assert source.startswith("/* dynamic shared memory: 196608 bytes */")
+    assert "extern __shared__ __align__(1024)" in source
+    assert source.count("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16") == 4
+    # transposed where the operand's lines run along its rows: x when ta, y unless tb
+    assert source.count(f"p, 1, 1, {int(ta)}, {int(not tb)};") == 4
+    assert "(t" in source and "^" in source  # the swizzle: chunk ^ (line % 8)
+    for sync in ("fence.proxy.async.shared::cta", "wgmma.fence.sync.aligned",
+                 "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned 1",
+                 "wgmma.wait_group.sync.aligned 0"):
+        assert sync in source
+    # without the feature (Ampere, or ANYGPU_WGMMA=0): mma.sync
+    plain = lower.to_ir(item.ast, "cuda", 1024, {"cc": (9, 0), "max_shared": 227 * 1024})
+    assert "wgmma" not in render(plain, "cuda")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from anygpu.codegen import ir
-from anygpu.codegen.render.cstyle import BASE_TYPES, RENDERERS, CStyleRenderer, _walk, uses_dtype
+from anygpu.codegen.render.cstyle import BASE_TYPES, RENDERERS, CStyleRenderer, walk, uses_dtype
 from anygpu.dtype import bfloat16, float16
 
 # Helpers sit inside include guards, so that several kernels' sources can be compiled as one
@@ -52,7 +52,7 @@ class CRenderer(CStyleRenderer):
     def float_accumulator(self, name: str) -> bool:
         assert self.kernel is not None
         return any(isinstance(st, ir.Decl) and st.name == name and st.dtype.is_float
-                   for st in _walk(self.kernel.body))
+                   for st in walk(self.kernel.body))
 
     def render(self, kernel: ir.Kernel) -> str:
         self.needs_nanmax = False

@@ -101,7 +101,7 @@ class CStyleRenderer:
             for s in e.srcs:
                 visit(s)
 
-        for st in _walk(stmts):
+        for st in walk(stmts):
             for e in _stmt_exprs(st):
                 visit(e)
 
@@ -334,7 +334,8 @@ class CStyleRenderer:
         elif isinstance(st, ir.Mma):
             self.emit(self.mma(st, [self.fragment(f) for f in st.a],
                                [self.fragment(f) for f in st.b]))
-        elif isinstance(st, (ir.LdMatrix, ir.AsyncCopy, ir.AsyncCommit, ir.AsyncWait)):
+        elif isinstance(st, (ir.LdMatrix, ir.AsyncCopy, ir.AsyncCommit, ir.AsyncWait,
+                             ir.Wgmma, ir.WgmmaSync)):
             self.emit(self.async_stmt(st))
         else:
             raise AssertionError(st)
@@ -343,7 +344,7 @@ class CStyleRenderer:
         """An mma fragment register: a local-array element or a register variable."""
         return f if isinstance(f, str) else f"{f[0]}[{self.expr(f[1])}]"
 
-    def async_stmt(self, st: ir.LdMatrix | ir.AsyncCopy | ir.AsyncCommit | ir.AsyncWait) -> str:
+    def async_stmt(self, st: ir.AsyncStmt) -> str:
         raise NotImplementedError(f"{type(st).__name__} is not available in {self.dialect}")
 
     def declare_var(self, name: str, dtype: DType, init: str) -> str:
@@ -413,11 +414,11 @@ class CStyleRenderer:
         return "\n".join(head + self.lines + ["}", ""])
 
 
-def _walk(stmts: list[ir.Stmt]):
+def walk(stmts: list[ir.Stmt]):
     for st in stmts:
         yield st
         if isinstance(st, (ir.For, ir.If)):
-            yield from _walk(st.body)
+            yield from walk(st.body)
 
 
 def _stmt_exprs(st: ir.Stmt) -> list[ir.Expr]:
@@ -439,6 +440,8 @@ def _stmt_exprs(st: ir.Stmt) -> list[ir.Expr]:
         return [st.index]
     if isinstance(st, ir.AsyncCopy):
         return [st.dst_index, st.src_index, st.valid]
+    if isinstance(st, ir.Wgmma):
+        return [st.a[1], st.b[1]]
     return []
 
 
@@ -452,7 +455,7 @@ def any_expr(kernel: ir.Kernel, test: Callable[[ir.Expr], bool]) -> bool:
         seen.add(id(e))
         return test(e) or any(visit(s) for s in e.srcs)
 
-    return any(visit(e) for st in _walk(kernel.body) for e in _stmt_exprs(st))
+    return any(visit(e) for st in walk(kernel.body) for e in _stmt_exprs(st))
 
 
 def uses_dtype(kernel: ir.Kernel, dtype: DType) -> bool:

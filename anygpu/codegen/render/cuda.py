@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from anygpu.codegen import ir
 from anygpu.codegen.render.cstyle import BASE_TYPES, RENDERERS, CStyleRenderer, any_expr, \
-    uses_dtype
+    uses_dtype, walk
 from anygpu.dtype import ALL, DType, bfloat16, bool_, float16, int8, uint8
 
 
@@ -19,6 +19,18 @@ template <typename P>
 __device__ __forceinline__ unsigned halves2_mul(unsigned a, unsigned b) {
   const P r = __hmul2(*reinterpret_cast<const P*>(&a), *reinterpret_cast<const P*>(&b));
   return *reinterpret_cast<const unsigned*>(&r);
+}"""
+
+
+# a wgmma operand's shared-memory descriptor: its address (bits 0-13, in units of 16 bytes),
+# the leading byte offset (16-29: between blocks of 64 lines' elements where lines run along
+# the operand's rows; unused where they run along k), the stride between groups of 8 lines
+# (32-45: 1024 bytes) and the swizzle (62-63: 1, 128 bytes)
+WGMMA_DESC = """__device__ __forceinline__ unsigned long long wgmma_desc(const void* p,
+                                                         unsigned lbo) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  return (unsigned long long)((a & 0x3FFFF) >> 4) | ((unsigned long long)lbo << 16) |
+         (64ull << 32) | (1ull << 62);
 }"""
 
 
@@ -73,7 +85,8 @@ class CUDARenderer(CStyleRenderer):
         t = self.storage_type(st.dtype) if st.stored else self.compute_type(st.dtype)
         offset = self.shared_offsets.get(st.name)
         if offset is not None:  # a part of the dynamic shared memory
-            head = "extern __shared__ __align__(16) unsigned char dynamic_shared[]; " \
+            # 1024 bytes: the alignment of wgmma's swizzled tiles
+            head = "extern __shared__ __align__(1024) unsigned char dynamic_shared[]; " \
                 if offset == 0 else ""
             return f"{head}{t}* {st.name} = reinterpret_cast<{t}*>(dynamic_shared + {offset});"
         return f"__shared__ __align__(16) {t} {st.name}[{st.size}];"
@@ -91,6 +104,20 @@ class CUDARenderer(CStyleRenderer):
                 f'{{%0,%1,%2,%3}}, {{{a_list}}}, {{{b_list}}}, {{%0,%1,%2,%3}};" : {ops} : '
                 f'{", ".join(regs)});')
 
+    def wgmma(self, st: ir.Wgmma) -> str:
+        kind = "bf16" if st.dtype == bfloat16 else "f16"
+        n = len(st.acc)
+        accs = ",".join(f"%{i}" for i in range(n))
+        ops = ", ".join(f'"+f"({c})' for c in st.acc)
+        descs = ", ".join(f'"l"(wgmma_desc(&{buf}[{self.expr(index)}], {lbo >> 4}))'
+                          for (buf, index), lbo in zip((st.a, st.b), st.lbo))
+        ta, tb = (int(t) for t in st.trans)
+        # scale-d 1 (accumulate), A and B unscaled, transposed where their lines run along m, n
+        return (f'asm volatile("{{.reg .pred p; setp.ne.b32 p, %{n + 2}, 0; '
+                f'wgmma.mma_async.sync.aligned.m64n{st.n}k16.f32.{kind}.{kind} '
+                f'{{{accs}}}, %{n}, %{n + 1}, p, 1, 1, {ta}, {tb};}}" : {ops} : {descs}, '
+                f'"r"(1));')
+
     def pack_halves(self, low: str, high: str, dtype: DType) -> str:
         if dtype == bfloat16:
             bits, rn = "__bfloat16_as_ushort", "__float2bfloat16_rn"
@@ -102,7 +129,20 @@ class CUDARenderer(CStyleRenderer):
         pair = "__nv_bfloat162" if dtype == bfloat16 else "__half2"
         return f"halves2_{op}<{pair}>({a}, {b})"
 
-    def async_stmt(self, st: ir.LdMatrix | ir.AsyncCopy | ir.AsyncCommit | ir.AsyncWait) -> str:
+    def async_stmt(self, st: ir.AsyncStmt) -> str:
+        if isinstance(st, ir.Wgmma):
+            return self.wgmma(st)
+        if isinstance(st, ir.WgmmaSync):
+            if st.op == "proxy":
+                return 'asm volatile("fence.proxy.async.shared::cta;" ::: "memory");'
+            if st.op == "fence":
+                return 'asm volatile("wgmma.fence.sync.aligned;" ::: "memory");'
+            if st.op == "commit":
+                return 'asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");'
+            # the accumulators as operands, so that no read of them moves above the wait
+            ops = ", ".join(f'"+f"({c})' for c in st.acc)
+            return (f'asm volatile("wgmma.wait_group.sync.aligned {st.pending};" : {ops} :: '
+                    f'"memory");')
         if isinstance(st, ir.LdMatrix):
             regs = ", ".join(f'"=r"({n})' for n in st.names)
             trans = ".trans" if st.trans else ""
@@ -191,6 +231,8 @@ class CUDARenderer(CStyleRenderer):
             lines.append(self.bf16_header)
         if any_expr(kernel, lambda e: e.op == "halves2"):
             lines.append(HALVES2)
+        if any(isinstance(st, ir.Wgmma) for st in walk(kernel.body)):
+            lines.append(WGMMA_DESC)
         return lines
 
 
