@@ -7,9 +7,10 @@ as the one kernel anygpu launches for it (launches queued back to back, median o
 in TFLOP/s (2 * M * N * K per product), beside ``torch.matmul`` on the same GPU timed the same
 way (PyTorch on the processor for ``--device cpu``): float32 exact on both sides, tf32 (CUDA)
 with ``set_float32_matmul_precision("high")`` here and ``allow_tf32`` there, float16 and
-bfloat16. The result is checked against PyTorch's first. Also a transposed operand (A.T @ B)
-and a fused epilogue ((A @ B + bias).relu()), each one kernel. Each row ends with the GPU's
-peak rate for the precision (``benchmarks/peaks.py``) and the share of it both sides reach.
+bfloat16. The result is checked against PyTorch's first. Also transposed operands (A.T @ B,
+and A @ B.T: a linear layer's product, both operands along k) and a fused epilogue
+((A @ B + bias).relu()), each one kernel. Each row ends with the GPU's peak rate for the
+precision (``benchmarks/peaks.py``) and the share of it both sides reach.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _kernel(t: ag.Tensor) -> Any:
 
 def _cases(a: Any, b: Any, bias: Any) -> dict[str, Callable[[], Any]]:
     """The products timed, for anygpu and torch tensors alike."""
-    return {"A @ B": lambda: a @ b, "A.T @ B": lambda: a.T @ b,
+    return {"A @ B": lambda: a @ b, "A.T @ B": lambda: a.T @ b, "A @ B.T": lambda: a @ b.T,
             "(A @ B + bias).relu()": lambda: (a @ b + bias).relu()}
 
 

@@ -1054,7 +1054,10 @@ def _segment_steps(ast: KernelAST, red_total: int, dialect: str, sums: int
     while width > per_index and (red_total % width or ast.reduce[-1][1] % width or
                                  not _lanes_even(red_total // width)):
         width //= 2
-    if width * main.dtype.itemsize < 4 * per_index:  # less than a word of it per chunk
+    # less than a word of it per chunk, or a row that no chunk of a word divides (a partial
+    # sum of 262 4-bit weights: chunks of 8 had left its last 6 out)
+    if width * main.dtype.itemsize < 4 * per_index or red_total % width or \
+            ast.reduce[-1][1] % width:
         return 1, _segment_unroll(red_total, sums), SEGMENT
     lanes = _segment_lanes(red_total // width)
     return width, _segment_unroll(red_total // width, sums * width,

@@ -231,7 +231,10 @@ def _max_pool2d_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tens
             part = _place(part, 3, s[1], j * d[1] - p[1], w)
             total = part if total is None else total + part
     assert total is not None
-    return (total,)
+    # stored by a kernel of its own: fused into what reads it (batch norm's gradient and the
+    # convolution's weight gradient under it, in ResNet's stem) it was computed again with
+    # each window's maximum for every reader and tile, 4.5 ms of a 26 ms training step
+    return (total.contiguous(),)
 
 
 def _pow_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:

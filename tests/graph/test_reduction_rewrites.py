@@ -103,3 +103,17 @@ def test_large_convolution_unfolds_on_the_processor(device: str) -> None:
                                atol=2e-4 * float(wt.grad.abs().max()))
     np.testing.assert_allclose(xi.grad.numpy(), xt.grad.numpy(), rtol=2e-4,
                                atol=2e-4 * float(xt.grad.abs().max()))
+
+
+def test_a_product_of_few_outputs_splits_into_short_partial_sums(device: str) -> None:
+    """A product of so few outputs that it would fill a handful of work-groups (the weight
+    gradient of a 1x1 downsampling convolution: 256 x 128 outputs over 3,136 products each)
+    splits into partial sums shorter than other sums' (8 slices of 392 here)."""
+    a, b = _rand((256, 3136), 10), _rand((3136, 128), 11)
+    out = ag.tensor(a, device=device) @ ag.tensor(b, device=device)
+    assert _kernels(out) == (2 if _splits(device) else 1)
+    want = torch.from_numpy(a).double() @ torch.from_numpy(b).double()
+    assert np.abs(out.numpy() - want.numpy()).max() <= 1e-4 * float(want.abs().max())
+    # the same sum over longer rows with more outputs stays whole (below the usual 8192)
+    assert _kernels(ag.tensor(_rand((1024, 4000), 12), device=device) @
+                    ag.tensor(_rand((4000, 512), 13), device=device)) == 1

@@ -247,3 +247,19 @@ def test_gather_reads_views_in_place(device: str) -> None:
     assert table.lazy.buffer is None
     flat.assign(flat * 2)
     assert table[ag.tensor([1], device=device)].tolist() == [[8.0, 10.0]]
+
+
+def test_a_max_pool_gradient_is_stored_for_its_readers() -> None:
+    """max_pool2d's gradient (each window's first maximum found, each of its offsets placed)
+    is written by an elementwise kernel of its own: fused into its readers (batch norm's
+    gradient, the convolution's weight gradient under it) it was computed again for each."""
+    from anygpu.nn import functional as F
+
+    x = ag.tensor(np.random.default_rng(3).standard_normal((2, 4, 16, 16)).astype(np.float32),
+                  requires_grad=True)
+    F.max_pool2d(x, 3, 2, 1).square().sum().backward()
+    assert x.grad is not None
+    readers = [(x.grad * 2.0).sum((0, 2, 3)), (x.grad * x).sum((0, 2, 3))]
+    items = [i for i in sched.schedule([r.lazy for r in readers]) if isinstance(i, KernelItem)]
+    stored = [i for i in items if i.ast.output.shape == (2, 4, 16, 16)]
+    assert len(stored) == 1 and not stored[0].ast.reduce
