@@ -255,6 +255,11 @@ _FUSED_OPERAND_COST = 12
 # already costs more than storing it (the demo's batch norm and ReLU before its second
 # convolution, computed 16 times per element, took half the training step).
 _FUSED_OPERAND_COST_CPU = 3
+# The GPU's tiled products recompute a fused operand for each tile that reads it, with its
+# loads: batch norm's gradient (cost 8 to 10) fused into a convolution's data and weight
+# gradients left them stalled on those loads (9.6 TFLOP/s on an H100, ResNet-18's first
+# layer). A bias, batch norm's scale and shift and an activation stay fused (5 or less).
+_TILED_OPERAND_COST = 8
 # An untiled 16-bit product on a GPU computes a fused operand again for every output that
 # reads it: where the operand's smaller side has this many rows or more (a decode step's
 # sequences, or a step's query heads against their cached keys), elementwise work costing 2 or
@@ -279,16 +284,46 @@ def _dialect(device: str) -> str:
     return get_device(device).dialect
 
 
+def _summed_product(node: Lazy) -> tuple[Lazy, set[int]] | None:
+    """(the product the sum ``node`` sums, its summed axes), also where the product is seen
+    through a reshape that splits its axes (``_split_reduction``'s partial sums: a
+    convolution's weight gradient sums slices of its batch or its rows); None if ``node`` sums
+    something else."""
+    below = node.srcs[0]
+    if below.op is Op.MUL:
+        return below, set(node.arg)
+    if below.op is not Op.RESHAPE or below.realized or below.srcs[0].op is not Op.MUL:
+        return None
+    product = below.srcs[0]
+    # each of the product's axes becomes a run of the reshaped ones (their sizes multiply to
+    # its size): it is summed where any of its run is
+    summed: set[int] = set()
+    at = 0
+    for a, size in enumerate(product.shape):
+        run, count = 1, 0
+        while run < size or (count == 0 and at < len(below.shape)):
+            run *= below.shape[at]
+            if at in node.arg:
+                summed.add(a)
+            at, count = at + 1, count + 1
+        if run != size:
+            return None  # axes merged, not split
+    return product, summed
+
+
 def _tiled_product(node: Lazy) -> bool:
     """Whether the sum ``node`` of a product is a matrix product the GPU's GEMM templates tile:
     32 or more rows and columns (a decode step's matrix-vector products have one row per
     sequence; a convolution's rows are its batch and pixels) and at least 2M multiply-adds."""
-    product = node.srcs[0]
+    found = _summed_product(node)
+    if found is None:
+        return False
+    product, summed = found
     if product.numel < 1 << 21 or len(product.srcs) != 2:
         return False
     extent = [1, 1]  # rows (the axes the second factor is broadcast along), columns
     for a, size in enumerate(product.shape):
-        if a in node.arg or size == 1:
+        if a in summed or size == 1:
             continue
         for i, side in enumerate(product.srcs):
             if side.op is Op.EXPAND and side.srcs[0].shape[a] == 1:
@@ -324,11 +359,14 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
     """Mark ``keep`` each operand of the product a kernel sums whose elementwise work is too
     costly to repeat per tile (see _FUSED_OPERAND_COST)."""
     node, root = spec.reduction, spec.root
-    if node is None or node.op is not Op.SUM or node.srcs[0].op is not Op.MUL:
+    # (a split product's partial sums too: a convolution's weight gradient, whose operand
+    # under batch norm's gradient had been computed again for each of its tiles)
+    found = _summed_product(node) if node is not None and node.op is Op.SUM else None
+    if found is None:
         return
     # the processor's products small enough to stay compiled (larger ones go to BLAS, whose
     # operands are laid out by kernels of their own anyway: _unfold_windows, lower.to_ir)
-    product = node.srcs[0]
+    product = found[0]
     on_cpu = _dialect(root.device) == "c"
     cpu = on_cpu and product.numel < (_UNFOLD_MIN if len(product.shape) >= 5 else 1 << 21)
     # a matrix product large enough for BLAS reads its operands as plain buffers: an operand
@@ -385,6 +423,8 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
         elif not on_cpu and not tiled and smaller and (dequantized or (
                 below.numel // summed >= _FUSED_ROWS and product.dtype in (float16, bfloat16))):
             limit = _FUSED_ROWS_COST
+        elif tiled:
+            limit = _TILED_OPERAND_COST
         if below.op in ELEMENTWISE and not is_boundary(below, root) and \
                 _operand_cost(below, root, limit) >= limit:
             below.keep = True
