@@ -361,7 +361,9 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
     node, root = spec.reduction, spec.root
     # (a split product's partial sums too: a convolution's weight gradient, whose operand
     # under batch norm's gradient had been computed again for each of its tiles)
-    found = _summed_product(node) if node is not None and node.op is Op.SUM else None
+    if node is None or node.op is not Op.SUM:
+        return
+    found = _summed_product(node)
     if found is None:
         return
     # the processor's products small enough to stay compiled (larger ones go to BLAS, whose
