@@ -286,7 +286,7 @@ def _dialect(device: str) -> str:
 
 def _summed_product(node: Lazy) -> tuple[Lazy, set[int]] | None:
     """(the product the sum ``node`` sums, its summed axes), also where the product is seen
-    through a reshape that splits its axes (``_split_reduction``'s partial sums: a
+    through the reshape of ``_split_reduction``, which splits one of its axes in two (a
     convolution's weight gradient sums slices of its batch or its rows); None if ``node`` sums
     something else."""
     below = node.srcs[0]
@@ -295,20 +295,15 @@ def _summed_product(node: Lazy) -> tuple[Lazy, set[int]] | None:
     if below.op is not Op.RESHAPE or below.realized or below.srcs[0].op is not Op.MUL:
         return None
     product = below.srcs[0]
-    # each of the product's axes becomes a run of the reshaped ones (their sizes multiply to
-    # its size): it is summed where any of its run is
-    summed: set[int] = set()
-    at = 0
-    for a, size in enumerate(product.shape):
-        run, count = 1, 0
-        while run < size or (count == 0 and at < len(below.shape)):
-            run *= below.shape[at]
-            if at in node.arg:
-                summed.add(a)
-            at, count = at + 1, count + 1
-        if run != size:
-            return None  # axes merged, not split
-    return product, summed
+    outer, inner = product.shape, below.shape
+    if len(inner) != len(outer) + 1:
+        return None
+    for axis in range(len(outer)):
+        if inner[:axis] == outer[:axis] and inner[axis + 2:] == outer[axis + 1:] and \
+                inner[axis] * inner[axis + 1] == outer[axis]:
+            # the reshaped axis j is the product's j, the split pair its ``axis``, then j - 1
+            return product, {j if j <= axis else j - 1 for j in node.arg}
+    return None
 
 
 def _tiled_product(node: Lazy) -> bool:

@@ -117,3 +117,38 @@ def test_a_product_of_few_outputs_splits_into_short_partial_sums(device: str) ->
     # the same sum over longer rows with more outputs stays whole (below the usual 8192)
     assert _kernels(ag.tensor(_rand((1024, 4000), 12), device=device) @
                     ag.tensor(_rand((4000, 512), 13), device=device)) == 1
+
+
+def test_a_weight_gradient_reads_batch_norms_gradient_stored(device: str) -> None:
+    """On GPUs, batch norm's gradient in a residual block (work of cost 8 per element, several
+    full-size loads) is stored once before the convolution's weight and data gradients read
+    it, rather than computed again in each of their tiles: each weight gradient's partial
+    products read two buffers, that gradient and the convolution's input. Checked against
+    PyTorch."""
+    from anygpu import nn
+
+    xs, rs = _rand((4, 32, 32, 32), 14), _rand((4, 32, 32, 32), 15)
+    convs = [nn.Conv2d(32, 32, 3, padding=1, bias=False) for _ in range(2)]
+    weights = [c.weight.numpy() for c in convs]
+    c1, c2 = (c.to(device) for c in convs)
+    b1, b2 = nn.BatchNorm2d(32).to(device), nn.BatchNorm2d(32).to(device)
+    x = ag.tensor(xs, device=device)
+    out = (b2(c2(b1(c1(x)).relu())) + x).relu()
+    (out * ag.tensor(rs, device=device)).sum().backward()
+    assert c1.weight.grad is not None and c2.weight.grad is not None
+    if _splits(device):
+        items = [i for i in schedule([c1.weight.grad.lazy, c2.weight.grad.lazy])
+                 if isinstance(i, KernelItem)]
+        # the partial products: outputs of (1, 1, 32, slices, 1, 1, 32, 3, 3)
+        partial = [i for i in items if i.ast.output.shape[-5:] == (1, 1, 32, 3, 3)]
+        assert len(partial) == 2 and all(len(i.ast.inputs) == 2 for i in partial)
+    t1, t2 = (torch.nn.Conv2d(32, 32, 3, padding=1, bias=False) for _ in range(2))
+    with torch.no_grad():
+        t1.weight.copy_(torch.from_numpy(weights[0]))
+        t2.weight.copy_(torch.from_numpy(weights[1]))
+    tb1, tb2 = torch.nn.BatchNorm2d(32), torch.nn.BatchNorm2d(32)
+    tx = torch.from_numpy(xs)
+    ((tb2(t2(tb1(t1(tx)).relu())) + tx).relu() * torch.from_numpy(rs)).sum().backward()
+    for got, want in ((c1.weight.grad, t1.weight.grad), (c2.weight.grad, t2.weight.grad)):
+        w = want.numpy()
+        np.testing.assert_allclose(got.numpy(), w, rtol=1e-3, atol=1e-3 * float(np.abs(w).max()))
