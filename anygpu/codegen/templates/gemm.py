@@ -250,6 +250,18 @@ def candidates(c: Contraction, max_local: int, level: int, units: int = 0
     return out
 
 
+def add(*xs: ir.Expr) -> ir.Expr:
+    """The sum of index expressions (the tensor-core templates' index arithmetic)."""
+    out = xs[0]
+    for x in xs[1:]:
+        out = ir.alu("add", out, x)
+    return out
+
+
+def mul(a: ir.Expr, b: int) -> ir.Expr:
+    return ir.alu("mul", a, ir.const(b, a.dtype))
+
+
 def clamped(v: ir.Expr, size: int) -> ir.Expr:
     """``v`` limited to [0, size): staging reads a valid address, then discards the value."""
     top = ir.const(size - 1, v.dtype)

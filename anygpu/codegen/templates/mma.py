@@ -28,8 +28,8 @@ from typing import Any
 
 from anygpu.codegen import ir
 from anygpu.codegen.templates import wgmma
-from anygpu.codegen.templates.gemm import (Contraction, Dims, Tiling, clamped, element_env,
-                                           linear_operand)
+from anygpu.codegen.templates.gemm import (Contraction, Dims, Tiling, add, clamped,
+                                           element_env, linear_operand, mul)
 from anygpu.dtype import DType, bfloat16, bool_, float16, float32
 
 
@@ -56,17 +56,6 @@ class MmaOptions:
         staging = f"{self.stages}-stage cp.async" if self.stages else "register staging"
         return (f"tensor cores ({kind}), {self.block_m}x{self.block_n}x{self.block_k} tiles, "
                 f"{self.warps_m}x{self.warps_n} warps, {staging}")
-
-
-def add(*xs: ir.Expr) -> ir.Expr:
-    out = xs[0]
-    for x in xs[1:]:
-        out = ir.alu("add", out, x)
-    return out
-
-
-def mul(a: ir.Expr, b: int) -> ir.Expr:
-    return ir.alu("mul", a, ir.const(b, a.dtype))
 
 
 def choose(c: Contraction, dialect: str, features: dict, max_local: int) -> MmaOptions | None:

@@ -1,25 +1,27 @@
 """Hopper's warpgroup GEMM template (CUDA ``wgmma.mma_async``; compute capability 9.0, kernels
-built for sm_90a): float16 and bfloat16 contractions whose operands are plain loads running
-along k in 16-byte pieces (``x @ w.T`` with ``w`` stored [n][k], as a linear layer's weights
-are), such as an LLM's prefill.
+built for sm_90a): float16 and bfloat16 contractions whose operands are plain loads that copy
+in 16-byte runs, along k (``x @ w.T`` with ``w`` stored [n][k], as a linear layer's weights
+are) or along their rows or columns (``x @ w`` with ``w`` stored [k][n]), such as an LLM's
+prefill.
 
 ``mma.sync`` (``mma.py``) keeps a warp's fragments in registers, so every 16 x 8 x 16 step reads
 its operands from shared memory through ``ldmatrix`` and issues one instruction per fragment;
 on Hopper it stopped at 40% of cuBLAS's rate. A warpgroup (4 warps) instead issues one
 instruction for a 64 x n x 16 product (n up to 256) that reads both operands from shared
 memory itself, asynchronously, while the warps go on issuing copies. The operands' tiles are
-stored in the layout the instruction reads: rows of 64 elements (128 bytes) along k, the
-16-byte chunks of each row permuted by the row's place in its group of 8 (chunk c of row r at
-chunk c ^ (r % 8)), so that the tensor cores' reads of 8 rows fall in distinct banks; a
-descriptor (the tile's address, 1024 bytes between groups of 8 rows, the 128-byte swizzle)
-tells the instruction where each operand starts.
+stored in the layout the instruction reads: lines of 64 elements (128 bytes), the 16-byte
+chunks of each line permuted by the line's place in its group of 8 (chunk c of line r at
+chunk c ^ (r % 8)), so that the tensor cores' reads of 8 lines fall in distinct banks; a
+descriptor (the tile's address, 1024 bytes between groups of 8 lines, the 128-byte swizzle,
+and for lines along m or n the distance between blocks of 64) tells the instruction where
+each operand starts (``Layout``).
 
 Per step of 64 along k, a ring of ``stages`` buffers: every thread copies its chunks of the
-tile two steps ahead with ``cp.async`` (16 bytes each, straight into the swizzled place),
+step ``stages - 2`` ahead with ``cp.async`` (16 bytes each, straight into the swizzled place),
 waits for the current step's copies, fences them for the tensor cores' reads and meets the
 work-group at a barrier; then each warpgroup issues its products over the current step, closes
 them as a group and waits only for the previous step's group, so the tensor cores always have
-one step queued. A buffer is overwritten two steps after its products were issued, once every
+one step queued. A buffer is refilled two steps after its products were issued, once every
 warpgroup has waited for them (the barrier of the step between says so).
 """
 
@@ -29,22 +31,11 @@ import math
 from typing import Any
 
 from anygpu.codegen import ir
-from anygpu.codegen.templates.gemm import Contraction, Tiling, clamped, element_env
+from anygpu.codegen.templates.gemm import Contraction, Tiling, add, clamped, element_env, mul
 from anygpu.dtype import bfloat16, bool_, float16, float32
 
 ROW = 64  # elements of k per tile row: 128 bytes of 16-bit elements, one swizzle atom's width
 CHUNK = 8  # elements per 16-byte chunk
-
-
-def add(*xs: ir.Expr) -> ir.Expr:
-    out = xs[0]
-    for x in xs[1:]:
-        out = ir.alu("add", out, x)
-    return out
-
-
-def mul(a: ir.Expr, b: int) -> ir.Expr:
-    return ir.alu("mul", a, ir.const(b, a.dtype))
 
 
 def eligible(c: Contraction, dialect: str, features: dict) -> bool:
@@ -64,13 +55,13 @@ def shared_bytes(block_m: int, block_n: int, stages: int) -> int:
 
 
 class Layout:
-    """One operand's tile of ``block`` rows (or columns) by ``ROW`` of k in local memory, one
-    per stage, in the swizzled layout wgmma reads. Along k (``k_rows``): row o holds its 64
-    elements of k, chunk c at c ^ (o % 8). Along the operand's rows (k-major in memory's
-    terms, "MN-major" in wgmma's): blocks of 64 rows (or columns) one after another, each 64
-    lines of k holding 64 elements of the block, chunk c of line kk at c ^ (kk % 8); the
-    descriptor then gives the distance between blocks (its leading byte offset) and the
-    instruction transposes."""
+    """One operand's tile of ``block`` rows (x's m, or y's n) by ``ROW`` of k in local memory,
+    one per stage, in the swizzled layout wgmma reads. An operand contiguous along k
+    (``k_rows``; "K-major" in wgmma's terms): line o holds row o's 64 elements of k, chunk c at
+    c ^ (o % 8). One contiguous along its rows ("MN-major"): blocks of 64 rows one after
+    another, each of 64 lines (one per element of k) holding the block's 64 rows, chunk c of
+    line kk at c ^ (kk % 8); the descriptor gives the distance between blocks (its leading
+    byte offset) and the instruction transposes."""
 
     def __init__(self, buf: str, k_rows: bool, block: int):
         self.buf, self.k_rows, self.block = buf, k_rows, block
