@@ -126,8 +126,16 @@ class HostContraction(Program):
         m, n, k = (math.prod(size for _, size in dims) for dims in (plan.m, plan.n, plan.k))
         x = self._view(buffers, plan.x, batch + (m, k))
         y = self._view(buffers, plan.y, batch + (k, n))
-        product = np.matmul(x, y)
-        dims = plan.batch + plan.m + plan.n  # M and N back to their variables
+        outer = [o for o in plan.order if o not in {name for name, _ in plan.batch}]
+        if outer == [name for name, _ in plan.n + plan.m]:
+            # the output runs along M within N (a convolution's channels by pixels): the
+            # product transposed, y.T @ x.T, comes out in its order (a transposing copy of
+            # ResNet-50's 3136 x 256 products took 4 ms of a 5 ms 1x1 convolution)
+            product = np.matmul(np.swapaxes(y, -1, -2), np.swapaxes(x, -1, -2))
+            dims = plan.batch + plan.n + plan.m
+        else:
+            product = np.matmul(x, y)
+            dims = plan.batch + plan.m + plan.n  # M and N back to their variables
         product = product.reshape([size for _, size in dims])
         names = [name for name, _ in dims]
         product = np.ascontiguousarray(product.transpose([names.index(o) for o in plan.order]))

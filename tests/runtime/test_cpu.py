@@ -73,3 +73,28 @@ def test_a_kernel_that_does_not_compile_reports_its_error(cache_dir):
     a = np.random.default_rng(2).standard_normal(64).astype(np.float32)
     source, name = _kernels(2)[1]
     np.testing.assert_array_equal(_run(dev, source, name, a), a * np.float32(3))
+
+
+def test_a_product_in_the_outputs_transposed_order_needs_no_transposing_copy(monkeypatch) -> None:
+    """A 1x1 convolution's product runs M (pixels) by N (channels) while its output runs
+    channels by pixels: BLAS computes y.T @ x.T, which comes out in the output's order, so no
+    transposed copy of the product is made before the epilogue. Checked against NumPy."""
+    import anygpu as ag
+    from anygpu.nn import functional as F
+
+    rng = np.random.default_rng(7)
+    xs, ws = rng.standard_normal((1, 64, 40, 40), np.float32), \
+        rng.standard_normal((128, 64, 1, 1), np.float32)
+    copies: list[tuple[int, ...]] = []
+    contiguous = np.ascontiguousarray
+
+    def spy(a, *args, **kwargs):  # noqa: ANN001, ANN202
+        if not a.flags.c_contiguous:
+            copies.append(a.shape)
+        return contiguous(a, *args, **kwargs)
+
+    monkeypatch.setattr(cpu.np, "ascontiguousarray", spy)
+    out = F.conv2d(ag.tensor(xs), ag.tensor(ws)).relu().numpy()
+    assert copies == []
+    want = np.maximum(np.einsum("oc,chw->ohw", ws[:, :, 0, 0], xs[0]), 0)[None]
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
