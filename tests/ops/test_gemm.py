@@ -445,7 +445,7 @@ def test_warpgroup_kernel_renders(ta: bool, tb: bool) -> None:
     assert source.count("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16") == 4
     # transposed where the operand's lines run along its rows: x when ta, y unless tb
     assert source.count(f"p, 1, 1, {int(ta)}, {int(not tb)};") == 4
-    assert re.search(r"\(\w+ \^ \(\w+ % 8\)\)", source)  # the swizzle: chunk ^ (line % 8)
+    assert re.search(r" \^ \(\w+ % 8\)\)", source)  # the swizzle: chunk ^ (line % 8)
     for sync in ("fence.proxy.async.shared::cta", "wgmma.fence.sync.aligned",
                  "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned 1",
                  "wgmma.wait_group.sync.aligned 0"):
