@@ -103,9 +103,9 @@ def _wgmma_options(block_m: int, block_n: int, stages: int) -> MmaOptions:
 
 def _wgmma_choice(c: Contraction, features: dict) -> MmaOptions | None:
     """128 x 128 tiles of two warpgroups (128 x 64 where fewer than half the device's SMs
-    would get a tile), as many stages as fit up to 6: on an H100, 512 x 4096 x 4096 in
-    float16 ran at 377, 402 and 389 TFLOP/s in 4, 5 and 6 stages, 512 x 11008 x 4096 at 308,
-    346 and 355, 4096^3 at 443, 478 and 476."""
+    would get a tile), as many stages as fit up to 6: on an H100, float16 512 x 4096 x 4096
+    ran at 261, 380, 409 and 403 TFLOP/s in 3, 4, 5 and 6 stages, 512 x 11008 x 4096 at 299,
+    312, 345 and 355, 512 x 4096 x 11008 at 456, 463, 511 and 513."""
     units = features.get("units", 132)
     block_n = 128 if -(-c.M // 128) * -(-c.N // 128) * 2 >= units or c.N <= 64 else 64
     for stages in (6, 5, 4, 3):
@@ -136,11 +136,13 @@ def candidates(c: Contraction, dialect: str, features: dict, max_local: int,
     if wgmma.eligible(c, dialect, features):
         limit = features.get("max_shared", 48 * 1024)
         shapes = [(128, 128), (128, 64), (128, 256), (256, 128), (64, 128)]
-        for (bm, bn), stages in [(s, d) for s in shapes for d in (3, 4, 5, 6)]:
-            o = _wgmma_options(bm, bn, stages)
-            if o not in out and o.threads <= max_local and \
-                    wgmma.shared_bytes(bm, bn, stages) <= limit and (level >= 2 or stages == 4):
-                out.append(o)
+        for bm, bn in shapes:
+            # level 1: the deepest ring that fits; level 2: every depth from 3
+            rings = [d for d in (6, 5, 4, 3) if wgmma.shared_bytes(bm, bn, d) <= limit]
+            for stages in rings if level >= 2 else rings[:1]:
+                o = _wgmma_options(bm, bn, stages)
+                if o not in out and o.threads <= max_local:
+                    out.append(o)
     if not eligible(c, dialect, features):
         return out
     dtype = c.x.dtype
