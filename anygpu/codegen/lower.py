@@ -89,26 +89,8 @@ def choose_spec(root: Lazy) -> KernelSpec:
         if red.numel == root.numel:
             return KernelSpec(root, red.srcs[0].shape, red.arg, True, red)
         if red.srcs[0].shape == root.shape:
-            if _few_long_rows(red):
-                # stored first, by a kernel of its own that splits its rows (see the doc)
-                red.keep = True
-                continue
             return KernelSpec(root, root.shape, red.arg, False, red)
     return KernelSpec(root, root.shape, (), False)
-
-
-# A sum broadcast back over what it sums (a normalization) is computed in the kernel that
-# reads it, one work-group per row, except on GPUs where its rows are few and long: batch
-# norm's statistics over a batch of images (64 rows of 200,704 in ResNet's stem) would run on
-# 64 work-groups. Such sums are stored first by a kernel of their own, which splits them.
-_FEW_ROWS = 256
-_LONG_ROW = 8192
-
-
-def _few_long_rows(red: Lazy) -> bool:
-    rows = max(red.numel, 1)
-    return not red.device.startswith("cpu") and rows < _FEW_ROWS and \
-        red.srcs[0].numel // rows >= _LONG_ROW
 
 
 @dataclass

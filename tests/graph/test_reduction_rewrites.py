@@ -152,3 +152,16 @@ def test_a_weight_gradient_reads_batch_norms_gradient_stored(device: str) -> Non
     for got, want in ((c1.weight.grad, t1.weight.grad), (c2.weight.grad, t2.weight.grad)):
         w = want.numpy()
         np.testing.assert_allclose(got.numpy(), w, rtol=1e-3, atol=1e-3 * float(np.abs(w).max()))
+
+
+def test_a_normalization_over_few_long_rows_stores_its_sum_split(device: str) -> None:
+    """A sum broadcast back over what it sums, of few long rows (batch norm's statistics: 16
+    channels over 4 x 128 x 128 here), is not the elementwise kernel's epilogue on GPUs (one
+    work-group per row) but a split sum of its own, then the elementwise kernel that reads
+    it; on the processor one kernel."""
+    xs = _rand((4, 16, 128, 128), 19)
+    x = ag.tensor(xs, device=device)
+    out = x - x.mean((0, 2, 3), keepdim=True)
+    assert _kernels(out) == (3 if _splits(device) else 1)
+    want = xs - xs.astype(np.float64).mean((0, 2, 3), keepdims=True)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
