@@ -174,9 +174,12 @@ def _split_plan(node: Lazy) -> tuple[int, int] | None:
     src, axes = node.srcs[0], node.arg
     total = node.numel
     per_output = src.numel // max(total, 1)
-    # a product's sum (a contraction) runs 64 x 64 outputs per work-group, other sums one
-    groups = -(-total // 4096) if src.op is Op.MUL else total
-    few = src.op is Op.MUL and groups < _FEW_GROUPS
+    # a product's sum (a contraction) runs 64 x 64 outputs per work-group, other sums one (a
+    # sum of squares too: RMSNorm's over one row of 4,096 had split into 16 partials, a kernel
+    # more in every norm of a decode step)
+    product = src.op is Op.MUL and src.srcs[0] is not src.srcs[1]
+    groups = -(-total // 4096) if product else total
+    few = product and groups < _FEW_GROUPS
     least = _FEW_MIN if few else _SPLIT_MIN
     if groups >= _SPLIT_GROUPS or per_output < (_FEW_FROM if few else _SPLIT_FROM):
         return None
@@ -217,11 +220,36 @@ def _choose_spec(root: Lazy) -> lower.KernelSpec:
     per row (batch norm's gradient over ResNet's stem, 64 rows of 200,704: 6.5 ms of a 24 ms
     training step on an H100)."""
     spec = lower.choose_spec(root)
+    kept = []
     while spec.reduction is not None and spec.reduction is not root and \
             not spec.reduced_output and _split_plan(spec.reduction) is not None:
         spec.reduction.keep = True
+        kept.append(spec.reduction)
+        spec = lower.choose_spec(root)
+    # a reduction that a kept sum reads too (RMSNorm's sum of the squares of h + x @ W.T: the
+    # product) is stored once for both: as this kernel's own reduction it was computed twice
+    # (a Llama-2-7B decode step in 4-bit weights read each output projection's and down
+    # projection's weights twice, 33 of 147 MB a layer)
+    if spec.reduction is not None and spec.reduction is not root and \
+            any(_computes(sum_, spec.reduction) for sum_ in kept):
+        spec.reduction.keep = True
         spec = lower.choose_spec(root)
     return spec
+
+
+def _computes(root: Lazy, node: Lazy) -> bool:
+    """Whether the kernel that computes ``root`` computes ``node`` in it (reaches it without
+    crossing a buffer or another kernel's output)."""
+    stack, seen = [root], set()
+    while stack:
+        at = stack.pop()
+        if at is node:
+            return True
+        if id(at) in seen or is_boundary(at, root):
+            continue
+        seen.add(id(at))
+        stack.extend(at.srcs)
+    return False
 
 
 # multiply-adds from which an unfolded convolution pays on the processor: the demo's (64 x 8 x
@@ -250,15 +278,20 @@ def _unfold_windows(spec: lower.KernelSpec) -> None:
     operands = list(product.srcs)
     for i, (side, view) in enumerate(zip(product.srcs, views)):
         rest = [a for a in range(len(view.shape)) if a not in own[i]]  # size 1 here
-        order = rest + sorted(shared) + sorted(own[i] - shared - reduced) + \
-            sorted(own[i] & reduced)
+        rows, summed = sorted(own[i] - shared - reduced), sorted(own[i] & reduced)
+        # the group whose last axis is the longer contiguous run in the source goes last, so
+        # that the copy reads runs (NCHW windows: channels and window offsets outer, pixels
+        # inner, 2.2 -> 4.7 GB/s on 2 cores; a weight gradient's windows already end in pixels)
+        runs = [_contiguous_run(view, g[-1]) if g else 0 for g in (rows, summed)]
+        order = rest + sorted(shared) + (summed + rows if runs[0] > runs[1] else rows + summed)
         walk, reordered = view, False
         while walk.op in MOVEMENT and not walk.realized:
             reordered |= walk.op in (Op.PAD, Op.SHRINK, Op.PERMUTE, Op.FLIP)
             walk = walk.srcs[0]
         in_order = [a for a in range(len(view.shape)) if a in own[i]] == \
             [a for a in order if a in own[i]]
-        if (in_order and not reordered) or view.numel * view.dtype.itemsize > _UNFOLD_MAX:
+        if (in_order and not reordered and walk.realized) or \
+                view.numel * view.dtype.itemsize > _UNFOLD_MAX:
             continue
         back = [order.index(a) for a in range(len(order))]
         packed = view.movement(Op.PERMUTE, order).contiguous().movement(Op.PERMUTE, back)
@@ -267,6 +300,45 @@ def _unfold_windows(spec: lower.KernelSpec) -> None:
         unfolded = operands[0].alu(Op.MUL, operands[1])
         node.srcs = (unfolded,)
         unfolded.consumers.append(weakref.ref(node))
+
+
+def _source_offset(view: Lazy, index: list[int]) -> int | None:
+    """The element of ``view``'s source (the node under its movement ops, in its own shape's
+    order) that ``index`` reads, or None where it reads padding."""
+    node, idx = view, list(index)
+    while node.op in MOVEMENT and not node.realized:
+        op, arg, src = node.op, node.arg, node.srcs[0]
+        if op is Op.RESHAPE:
+            flat = int(np.ravel_multi_index(idx, node.shape))
+            idx = [int(i) for i in np.unravel_index(flat, src.shape)]
+        elif op is Op.PERMUTE:
+            inv = [0] * len(idx)
+            for i, a in enumerate(arg):
+                inv[a] = idx[i]
+            idx = inv
+        elif op is Op.EXPAND:
+            idx = [0 if s == 1 else i for i, s in zip(idx, src.shape)]
+        elif op is Op.SHRINK:
+            idx = [i + lo for i, (lo, _) in zip(idx, arg)]
+        elif op is Op.FLIP:
+            idx = [n - 1 - i if a in arg else i for a, (i, n) in enumerate(zip(idx, node.shape))]
+        else:  # PAD
+            idx = [i - lo for i, (lo, _) in zip(idx, arg)]
+            if any(not 0 <= i < n for i, n in zip(idx, src.shape)):
+                return None
+        node = src
+    return int(np.ravel_multi_index(idx, node.shape))
+
+
+def _contiguous_run(view: Lazy, axis: int) -> int:
+    """``view``'s size along ``axis`` where stepping along it steps by one element in its
+    source (probed at the middle of the view), else 0."""
+    at = [(n - 1) // 2 for n in view.shape]
+    step = list(at)
+    step[axis] += 1
+    base, after = _source_offset(view, at), _source_offset(view, step)
+    return view.shape[axis] if base is not None and after is not None and \
+        after - base == 1 else 0
 
 
 # A product's operand that is an elementwise computation is fused into the product's loads and
@@ -393,8 +465,9 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
     cpu = on_cpu and product.numel < (_UNFOLD_MIN if len(product.shape) >= 5 else 1 << 21)
     # a matrix product large enough for BLAS reads its operands as plain buffers: an operand
     # computed inside the product keeps it a compiled reduction (a decode step of 8 sequences
-    # summed TinyLlama's down projection at 0.8 GB/s, its SiLU recomputed for every output)
-    blas = on_cpu and not cpu and len(product.shape) < 5
+    # summed TinyLlama's down projection at 0.8 GB/s, its SiLU recomputed for every output);
+    # a convolution's too (_unfold_windows writes its operands out)
+    blas = on_cpu and not cpu
     # on GPUs, a product with rows and columns enough for the GEMM templates' tiles
     tiled = not on_cpu and _tiled_product(node)
     # the tensor-core template streams operands that are plain buffers from memory; a computed

@@ -91,6 +91,10 @@ def test_large_convolution_unfolds_on_the_processor(device: str) -> None:
     wi = ag.tensor(ws, device=device, requires_grad=True)
     out = ag.nn.functional.conv2d(xi, wi, padding=1)
     assert _kernels(out) == (1 if _splits(device) else 2)
+    if not _splits(device):  # channels and window offsets outer, pixels inner: the copy reads
+        # rows of the input (batch 4, 32 x 32 pixels last)
+        unfolded = [i.ast.output.shape for i in schedule([out.lazy]) if isinstance(i, KernelItem)]
+        assert unfolded[0][-3:] == (4, 32, 32)
     xt = torch.from_numpy(xs).requires_grad_()
     wt = torch.from_numpy(ws).requires_grad_()
     want = torch.nn.functional.conv2d(xt, wt, padding=1)

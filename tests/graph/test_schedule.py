@@ -263,3 +263,23 @@ def test_a_max_pool_gradient_is_stored_for_its_readers() -> None:
     items = [i for i in sched.schedule([r.lazy for r in readers]) if isinstance(i, KernelItem)]
     stored = [i for i in items if i.ast.output.shape == (2, 4, 16, 16)]
     assert len(stored) == 1 and not stored[0].ast.reduce
+
+
+def test_rmsnorm_of_a_residual_product_reads_the_weights_once(device: str) -> None:
+    """RMSNorm of ``h + x @ W.T`` for one row (a decode step's output projection): the product
+    is computed by one kernel and the norm reads it; the sum of squares of one row of 4,096
+    stays whole (it had split into partial sums, and the product, computed for the sum and
+    again inside the normalized output, read W twice). Against NumPy."""
+    rng = np.random.default_rng(5)
+    xs, hs = rng.standard_normal((2, 1, 4096)).astype(np.float32)
+    ws = (rng.standard_normal((4096, 4096)) * 0.02).astype(np.float32)
+    gs = rng.standard_normal(4096).astype(np.float32)
+    x, h, w, g = (ag.tensor(v, device=device) for v in (xs, hs, ws, gs))
+    h2 = h + x @ w.T
+    n = h2 * (h2 * h2).mean(-1, keepdim=True).add(1e-5).rsqrt() * g
+    items = [i for i in sched.schedule([n.lazy]) if isinstance(i, KernelItem)]
+    assert sum(any(d is w.lazy for d in i.ast.inputs) for i in items) == 1
+    assert not [i for i in items if i.ast.output.shape in ((1, 16, 1), (1, 1))]
+    want = hs + xs @ ws.T
+    want = want / np.sqrt((want * want).mean(-1, keepdims=True) + 1e-5) * gs
+    np.testing.assert_allclose(n.numpy(), want, rtol=2e-4, atol=2e-4 * float(np.abs(want).max()))
