@@ -197,28 +197,43 @@ def choose(c: Contraction, max_local: int, units: int = 0) -> GemmOptions | None
     m, n, k = c.M, c.N, c.K
     if m < 32 or n < 32 or k < 8 or m * n * k < 1 << 18:
         return None
-    if m * n < 1 << 20:  # fewer output tiles: smaller tiles keep more work-groups busy
-        opts = GemmOptions(block_m=64, block_n=64, block_k=16, thread_m=4, thread_n=4)
-    elif min(m, n) <= NARROW:
-        # a side of 64 or fewer (a convolution of 64 channels): tiles of 64 along it, not half
-        # a tile of nothing (on an H200, ResNet-18's 3x3 convolutions of 64 channels at 56 x 56,
-        # batch 16: 550-580 us on 128 x 128 tiles, 290-320 on 64-wide ones)
-        opts = GemmOptions(block_m=128 if m > NARROW else 64, block_n=128 if n > NARROW else 64,
-                           thread_m=8 if m > NARROW else 4, thread_n=8 if n > NARROW else 4)
-    else:
-        opts = GemmOptions()
-    # fewer than WAVE_TILES tiles per compute unit: the longer side of the tile halved (down to
-    # 64 x 32), so the units share the work more evenly (on an H200, 132 SMs: BERT-base's
-    # 1024 x 768 products, 192 tiles of 64 x 64, 66.7 us; 384 of 64 x 32, 56.6)
-    while units and _tiles(c, opts) < WAVE_TILES * units and opts.block_m * opts.block_n > 2048:
-        if opts.block_m >= opts.block_n:
-            opts = dataclasses.replace(opts, block_m=opts.block_m // 2,
-                                       thread_m=max(opts.thread_m // 2, 4))
+    if not c.x_contiguous_k or min(m, n) <= NARROW and m * n >= 1 << 20:
+        # a convolution's rows (pixels, contiguous in memory), or a side of 64 or fewer (a
+        # convolution of 64 channels): tiles of 64 along it, not half a tile of nothing (on an
+        # H200, ResNet-18's 3x3 convolutions of 64 channels at 56 x 56, batch 16: 550-580 us
+        # on 128 x 128 tiles, 290-320 on 64-wide ones); with fewer than WAVE_TILES tiles per
+        # compute unit, the longer side of the tile halved (down to 64 x 32: the ladder below
+        # ran ResNet-50's 1x1 convolutions up to 2.3x slower)
+        if m * n < 1 << 20:
+            opts = GemmOptions(block_m=64, block_n=64, block_k=16, thread_m=4, thread_n=4)
         else:
-            opts = dataclasses.replace(opts, block_n=opts.block_n // 2,
-                                       thread_n=max(opts.thread_n // 2, 4))
-        if opts.block_m * opts.block_n <= 2048:
-            opts = dataclasses.replace(opts, block_k=16)
+            opts = GemmOptions(block_m=128 if m > NARROW else 64,
+                               block_n=128 if n > NARROW else 64,
+                               thread_m=8 if m > NARROW else 4, thread_n=8 if n > NARROW else 4)
+        while units and _tiles(c, opts) < WAVE_TILES * units and \
+                opts.block_m * opts.block_n > 2048:
+            if opts.block_m >= opts.block_n:
+                opts = dataclasses.replace(opts, block_m=opts.block_m // 2,
+                                           thread_m=max(opts.thread_m // 2, 4))
+            else:
+                opts = dataclasses.replace(opts, block_n=opts.block_n // 2,
+                                           thread_n=max(opts.thread_n // 2, 4))
+            if opts.block_m * opts.block_n <= 2048:
+                opts = dataclasses.replace(opts, block_k=16)
+        return opts if opts.threads <= max_local else None
+    # rows along k (a linear layer's activations). Fewer output tiles: smaller tiles keep more
+    # work-groups busy. Below WAVE_TILES tiles per compute unit, the ladder's next tiles: 128 x
+    # 64 with 8 x 8 per thread (half the threads of 128 x 128), then 64 x 32 with 4 x 4, free of
+    # the two-groups-per-SM register limit (on an H100, float32: BERT-base's 1024 x 3072 x 768
+    # 215 us on 64 x 128 tiles of 4 x 8 per thread, 150 on 128 x 64 of 8 x 8; its 1024 x 768 x
+    # 768 67 us on 32 x 64, 54 on 64 x 32 at one group per SM)
+    ladder = [GemmOptions(64, 64, 16, 4, 4)] if m * n < 1 << 20 else \
+        [GemmOptions(), GemmOptions(128, 64, 8, 8, 8)]
+    opts = ladder[0]
+    for smaller in ladder[1:] + [GemmOptions(64, 32, 16, 4, 4, min_blocks=1)]:
+        if not units or _tiles(c, opts) >= WAVE_TILES * units:
+            break
+        opts = smaller
     return opts if opts.threads <= max_local else None
 
 
