@@ -284,15 +284,19 @@ def _unfold_windows(spec: lower.KernelSpec) -> None:
         # inner, 2.2 -> 4.7 GB/s on 2 cores; a weight gradient's windows already end in pixels)
         runs = [_contiguous_run(view, g[-1]) if g else 0 for g in (rows, summed)]
         order = rest + sorted(shared) + (summed + rows if runs[0] > runs[1] else rows + summed)
-        walk, reordered = view, False
-        while walk.op in MOVEMENT and not walk.realized:
-            reordered |= walk.op in (Op.PAD, Op.SHRINK, Op.PERMUTE, Op.FLIP)
-            walk = walk.srcs[0]
-        in_order = [a for a in range(len(view.shape)) if a in own[i]] == \
-            [a for a in order if a in own[i]]
-        if (in_order and not reordered and walk.realized) or \
-                view.numel * view.dtype.itemsize > _UNFOLD_MAX:
+        walk = _under_movement(view)
+        if view.numel * view.dtype.itemsize > _UNFOLD_MAX:
             continue
+        strides = _linear_strides(view)
+        if strides is not None and _nests(view, strides, rows) and \
+                _nests(view, strides, summed):
+            # BLAS reads it where it lies (transposed or not) once it is stored: a computed
+            # value is kept, one kernel for all its readers (ResNet's max pooling feeds two
+            # convolutions, and a copy for each had computed it twice)
+            walk.keep = walk.keep or not walk.realized
+            continue
+        # a reduction is stored before its copy, not computed again in each reader's copy
+        walk.keep = walk.keep or (walk.op in REDUCE and not walk.realized)
         back = [order.index(a) for a in range(len(order))]
         packed = view.movement(Op.PERMUTE, order).contiguous().movement(Op.PERMUTE, back)
         operands[i] = packed.movement(Op.EXPAND, side.arg)
@@ -328,6 +332,39 @@ def _source_offset(view: Lazy, index: list[int]) -> int | None:
                 return None
         node = src
     return int(np.ravel_multi_index(idx, node.shape))
+
+
+def _linear_strides(view: Lazy) -> list[int] | None:
+    """Each axis's step through ``view``'s source where its reads are a linear function of its
+    indices (a transposed or reshaped value, however the movement ops built it), else None (a
+    window over padding, a flip). Checked at the origin, the far corner and each axis's end."""
+    at = [(n - 1) // 2 for n in view.shape]
+    base = _source_offset(view, at)
+    if base is None:
+        return None
+    strides = []
+    for axis, n in enumerate(view.shape):
+        step = list(at)
+        step[axis] += 1
+        after = _source_offset(view, step) if n > 1 else base
+        if after is None:
+            return None
+        strides.append(after - base)
+    corners = [[0] * len(at), [n - 1 for n in view.shape]] + \
+        [[n - 1 if a == axis else i for a, (i, n) in enumerate(zip(at, view.shape))]
+         for axis in range(len(at))]
+    for point in corners:
+        want = base + sum(s * (p - i) for s, p, i in zip(strides, point, at))
+        if _source_offset(view, point) != want:
+            return None
+    return strides
+
+
+def _nests(view: Lazy, strides: list[int], axes: list[int]) -> bool:
+    """Whether ``axes`` of ``view`` (outermost first) step through its source as one flat axis
+    would: each one's stride the next one's times its size (so BLAS reads them as one)."""
+    steps = [(strides[a], view.shape[a]) for a in axes if view.shape[a] > 1]
+    return all(outer == inner * size for (outer, _), (inner, size) in zip(steps, steps[1:]))
 
 
 def _contiguous_run(view: Lazy, axis: int) -> int:

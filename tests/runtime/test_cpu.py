@@ -126,3 +126,37 @@ def test_both_products_of_a_residual_sum_of_convolutions_go_through_blas(monkeyp
     want = np.maximum(np.einsum("oc,chw->ohw", wa[:, :, 0, 0], np.maximum(a[0], 0)) +
                       np.einsum("oc,chw->ohw", wb[:, :, 0, 0], np.maximum(b[0], 0)), 0)[None]
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_a_pooled_input_two_convolutions_read_is_pooled_once(monkeypatch) -> None:
+    """ResNet's stem: max pooling feeds the first block's 1x1 convolution and its downsampling
+    one. It is computed once and both products go through BLAS (a copy of it for each had
+    computed the pooling twice). Against PyTorch."""
+    import torch
+
+    import anygpu as ag
+    from anygpu.graph.schedule import KernelItem, schedule
+    from anygpu.nn import functional as F
+
+    rng = np.random.default_rng(9)
+    xs = rng.standard_normal((2, 64, 128, 128), np.float32)
+    w1s, w2s = rng.standard_normal((64, 64, 1, 1), np.float32), \
+        rng.standard_normal((256, 64, 1, 1), np.float32)
+    pooled = F.max_pool2d(ag.tensor(xs).relu(), 3, 2, 1)
+    outs = [F.conv2d(pooled, ag.tensor(w1s)), F.conv2d(pooled, ag.tensor(w2s))]
+    items = [i for i in schedule([o.lazy for o in outs]) if isinstance(i, KernelItem)]
+    assert sum(any(red and size == 9 for _, size, red in i.ast.dims) for i in items) == 1
+    calls: list[str] = []
+    call = cpu.HostContraction.__call__
+
+    def spy(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        calls.append(self.name)
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(cpu.HostContraction, "__call__", spy)
+    got = [o.numpy() for o in outs]
+    assert len(calls) == 2
+    tp = torch.nn.functional.max_pool2d(torch.from_numpy(xs).relu(), 3, 2, 1)
+    for g, w in zip(got, (w1s, w2s)):
+        want = torch.nn.functional.conv2d(tp, torch.from_numpy(w)).numpy()
+        np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
