@@ -94,6 +94,29 @@ fn fmod_exact(x: f32, y: f32) -> f32 {
 }"""
 
 
+# float32 arithmetic on constants, as the device does it (division exact, NaN kept)
+_FOLDED = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+           "neg": np.negative, "recip": np.reciprocal, "exp2": np.exp2, "log2": np.log2,
+           "sqrt": np.sqrt, "trunc": np.trunc}
+
+
+def _folded(e: ir.Expr, memo: dict[int, float | None]) -> float | None:
+    """The value of a float32 expression of constants alone, else None. WGSL evaluates such
+    an expression when it compiles the shader and rejects one that comes out infinite or NaN
+    (``log2(0.0f)``: ONNX's ReduceLogSum over an empty set), so it is written as its value
+    (a literal, bit patterns for infinities and NaN)."""
+    if id(e) in memo:
+        return memo[id(e)]
+    value = None
+    if e.dtype == float32 and e.op in _FOLDED:
+        args = [s.arg if s.op == "const" else _folded(s, memo) for s in e.srcs]
+        if all(a is not None for a in args):
+            with np.errstate(all="ignore"):
+                value = float(np.float32(_FOLDED[e.op](*(np.float32(a) for a in args))))
+    memo[id(e)] = value
+    return value
+
+
 class WGSLRenderer(CStyleRenderer):
     dialect = "wgsl"
     barrier = "workgroupBarrier();"
@@ -160,6 +183,9 @@ class WGSLRenderer(CStyleRenderer):
         return text
 
     def render_op(self, e: ir.Expr) -> str:
+        folded = _folded(e, self.fold_memo)
+        if folded is not None:
+            return self.literal(folded, e.dtype)
         if e.op == "max":
             a, b = self.expr(e.srcs[0], True), self.expr(e.srcs[1], True)
             if e.dtype.is_float:  # NaN tested on the bits: compilers may fold a != a away
@@ -249,6 +275,7 @@ class WGSLRenderer(CStyleRenderer):
         if uses_dtype(kernel, bfloat16):
             raise TypeError("bfloat16 is not supported by WGSL")
         self.helpers: set[str] = set()
+        self.fold_memo: dict[int, float | None] = {}
         body = super().render(kernel).splitlines()[1:-1]  # drop the C signature and closing brace
         head: list[str] = []
         if uses_dtype(kernel, float16):
