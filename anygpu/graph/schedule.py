@@ -260,10 +260,12 @@ _UNFOLD_MAX = 1 << 28  # bytes an unfolded operand may take at most
 
 def _unfold_windows(spec: lower.KernelSpec) -> None:
     """On the processor, a large convolution-like product (a sum of a product over more axes
-    than a batched matrix product has) gets each operand that is a window view or out of order
-    written out first (im2col, one copy kernel each) in the order BLAS reads: axes both
-    operands have, then its own rows or columns, then the summed axes. The product then reads
-    plain buffers and goes through BLAS (forward, data and weight gradients alike)."""
+    than a batched matrix product has) goes through BLAS (forward, data and weight gradients
+    alike). An operand whose reads are linear, its rows and its summed axes each stepping as
+    one, is read where it lies (stored first if it is computed); any other (a window over
+    padding, a strided window, a batch that does not nest with the pixels) is written out first
+    (im2col, one copy kernel each): axes both operands have, then its own rows and the summed
+    axes, in the order that reads the source in runs."""
     node = spec.reduction
     if node is None or node.op is not Op.SUM or node.device.split(":")[0] != "cpu":
         return
@@ -313,8 +315,12 @@ def _source_offset(view: Lazy, index: list[int]) -> int | None:
     while node.op in MOVEMENT and not node.realized:
         op, arg, src = node.op, node.arg, node.srcs[0]
         if op is Op.RESHAPE:
-            flat = int(np.ravel_multi_index(idx, node.shape))
-            idx = [int(i) for i in np.unravel_index(flat, src.shape)]
+            flat = _flat(idx, node.shape)
+            idx = []
+            for n in reversed(src.shape):
+                flat, i = divmod(flat, n)
+                idx.append(i)
+            idx.reverse()
         elif op is Op.PERMUTE:
             inv = [0] * len(idx)
             for i, a in enumerate(arg):
@@ -331,7 +337,14 @@ def _source_offset(view: Lazy, index: list[int]) -> int | None:
             if any(not 0 <= i < n for i, n in zip(idx, src.shape)):
                 return None
         node = src
-    return int(np.ravel_multi_index(idx, node.shape))
+    return _flat(idx, node.shape)
+
+
+def _flat(index: list[int], shape: tuple[int, ...]) -> int:
+    flat = 0
+    for i, n in zip(index, shape):
+        flat = flat * n + i
+    return flat
 
 
 def _linear_strides(view: Lazy) -> list[int] | None:
@@ -340,7 +353,8 @@ def _linear_strides(view: Lazy) -> list[int] | None:
     window over padding, a flip). Checked at the origin, the far corner and each axis's end."""
     at = [(n - 1) // 2 for n in view.shape]
     base = _source_offset(view, at)
-    if base is None:
+    origin = _source_offset(view, [0] * len(at))
+    if base is None or origin is None:  # (a window over padding: the cheap answer first)
         return None
     strides = []
     for axis, n in enumerate(view.shape):
@@ -350,9 +364,11 @@ def _linear_strides(view: Lazy) -> list[int] | None:
         if after is None:
             return None
         strides.append(after - base)
-    corners = [[0] * len(at), [n - 1 for n in view.shape]] + \
+    corners = [[n - 1 for n in view.shape]] + \
         [[n - 1 if a == axis else i for a, (i, n) in enumerate(zip(at, view.shape))]
          for axis in range(len(at))]
+    if origin != base - sum(s * i for s, i in zip(strides, at)):
+        return None
     for point in corners:
         want = base + sum(s * (p - i) for s, p, i in zip(strides, point, at))
         if _source_offset(view, point) != want:

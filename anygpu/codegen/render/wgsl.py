@@ -184,8 +184,9 @@ class WGSLRenderer(CStyleRenderer):
 
     def render_op(self, e: ir.Expr) -> str:
         folded = _folded(e, self.fold_memo)
-        if folded is not None:
-            return self.literal(folded, e.dtype)
+        if folded is not None:  # (a negative value in parentheses, as a leaf's)
+            text = self.literal(folded, e.dtype)
+            return f"({text})" if text.startswith("-") else text
         if e.op == "max":
             a, b = self.expr(e.srcs[0], True), self.expr(e.srcs[1], True)
             if e.dtype.is_float:  # NaN tested on the bits: compilers may fold a != a away
