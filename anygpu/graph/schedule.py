@@ -280,16 +280,17 @@ def _unfold_windows(spec: lower.KernelSpec) -> None:
     operands = list(product.srcs)
     for i, (side, view) in enumerate(zip(product.srcs, views)):
         rest = [a for a in range(len(view.shape)) if a not in own[i]]  # size 1 here
+        if view.numel * view.dtype.itemsize > _UNFOLD_MAX:
+            continue
         rows, summed = sorted(own[i] - shared - reduced), sorted(own[i] & reduced)
         # the group whose last axis is the longer contiguous run in the source goes last, so
         # that the copy reads runs (NCHW windows: channels and window offsets outer, pixels
         # inner, 2.2 -> 4.7 GB/s on 2 cores; a weight gradient's windows already end in pixels)
-        runs = [_contiguous_run(view, g[-1]) if g else 0 for g in (rows, summed)]
+        middle = _middle_strides(view)
+        runs = [view.shape[g[-1]] if g and middle[g[-1]] == 1 else 0 for g in (rows, summed)]
         order = rest + sorted(shared) + (summed + rows if runs[0] > runs[1] else rows + summed)
         walk = _under_movement(view)
-        if view.numel * view.dtype.itemsize > _UNFOLD_MAX:
-            continue
-        strides = _linear_strides(view)
+        strides = _linear_strides(view, middle)
         if strides is not None and _nests(view, strides, rows) and \
                 _nests(view, strides, summed):
             # BLAS reads it where it lies (transposed or not) once it is stored: a computed
@@ -347,31 +348,32 @@ def _flat(index: list[int], shape: tuple[int, ...]) -> int:
     return flat
 
 
-def _linear_strides(view: Lazy) -> list[int] | None:
-    """Each axis's step through ``view``'s source where its reads are a linear function of its
-    indices (a transposed or reshaped value, however the movement ops built it), else None (a
-    window over padding, a flip). Checked at the origin, the far corner and each axis's end."""
+def _middle_strides(view: Lazy) -> list[int | None]:
+    """Each axis's step through ``view``'s source, probed at the middle of the view (None
+    where the probe reads padding)."""
     at = [(n - 1) // 2 for n in view.shape]
     base = _source_offset(view, at)
-    origin = _source_offset(view, [0] * len(at))
-    if base is None or origin is None:  # (a window over padding: the cheap answer first)
-        return None
-    strides = []
+    strides: list[int | None] = []
     for axis, n in enumerate(view.shape):
         step = list(at)
         step[axis] += 1
         after = _source_offset(view, step) if n > 1 else base
-        if after is None:
-            return None
-        strides.append(after - base)
-    corners = [[n - 1 for n in view.shape]] + \
-        [[n - 1 if a == axis else i for a, (i, n) in enumerate(zip(at, view.shape))]
-         for axis in range(len(at))]
-    if origin != base - sum(s * i for s, i in zip(strides, at)):
+        strides.append(None if base is None or after is None else after - base)
+    return strides
+
+
+def _linear_strides(view: Lazy, middle: list[int | None]) -> list[int] | None:
+    """The ``middle`` strides where ``view``'s reads are a linear function of its indices (a
+    transposed or reshaped value, however the movement ops built it), else None (a window over
+    padding, a flip). Checked at the origin, the middle, the far corner and each axis's end."""
+    strides = [s for s in middle if s is not None]
+    origin = _source_offset(view, [0] * len(middle))
+    if len(strides) != len(middle) or origin is None:
         return None
-    for point in corners:
-        want = base + sum(s * (p - i) for s, p, i in zip(strides, point, at))
-        if _source_offset(view, point) != want:
+    for point in [[(n - 1) // 2 for n in view.shape], [n - 1 for n in view.shape]] + \
+            [[n - 1 if a == axis else 0 for a, n in enumerate(view.shape)]
+             for axis in range(len(middle))]:
+        if _source_offset(view, point) != origin + sum(s * p for s, p in zip(strides, point)):
             return None
     return strides
 
@@ -381,17 +383,6 @@ def _nests(view: Lazy, strides: list[int], axes: list[int]) -> bool:
     would: each one's stride the next one's times its size (so BLAS reads them as one)."""
     steps = [(strides[a], view.shape[a]) for a in axes if view.shape[a] > 1]
     return all(outer == inner * size for (outer, _), (inner, size) in zip(steps, steps[1:]))
-
-
-def _contiguous_run(view: Lazy, axis: int) -> int:
-    """``view``'s size along ``axis`` where stepping along it steps by one element in its
-    source (probed at the middle of the view), else 0."""
-    at = [(n - 1) // 2 for n in view.shape]
-    step = list(at)
-    step[axis] += 1
-    base, after = _source_offset(view, at), _source_offset(view, step)
-    return view.shape[axis] if base is not None and after is not None and \
-        after - base == 1 else 0
 
 
 # A product's operand that is an elementwise computation is fused into the product's loads and

@@ -100,7 +100,22 @@ def test_a_product_in_the_outputs_transposed_order_needs_no_transposing_copy(mon
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
 
 
-def test_both_products_of_a_residual_sum_of_convolutions_go_through_blas(monkeypatch) -> None:
+@pytest.fixture
+def blas_calls(monkeypatch) -> list[str]:  # noqa: ANN001
+    """The names of the contractions that go through BLAS from here on, in order."""
+    calls: list[str] = []
+    call = cpu.HostContraction.__call__
+
+    def spy(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        calls.append(self.name)
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(cpu.HostContraction, "__call__", spy)
+    return calls
+
+
+def test_both_products_of_a_residual_sum_of_convolutions_go_through_blas(
+        blas_calls: list[str]) -> None:
     """ResNet's block end: relu(conv1x1(a) + conv1x1(b)). Each product is one BLAS call (not a
     stage of a compiled reduction, which ran ResNet-50's at under 1 GFLOP/s). Checked against
     NumPy."""
@@ -112,23 +127,15 @@ def test_both_products_of_a_residual_sum_of_convolutions_go_through_blas(monkeyp
         rng.standard_normal((1, 128, 56, 56), np.float32)
     wa, wb = rng.standard_normal((256, 64, 1, 1), np.float32), \
         rng.standard_normal((256, 128, 1, 1), np.float32)
-    calls: list[str] = []
-    call = cpu.HostContraction.__call__
-
-    def spy(self, *args, **kwargs):  # noqa: ANN001, ANN202
-        calls.append(self.name)
-        return call(self, *args, **kwargs)
-
-    monkeypatch.setattr(cpu.HostContraction, "__call__", spy)
     out = (F.conv2d(ag.tensor(a).relu(), ag.tensor(wa)) +
            F.conv2d(ag.tensor(b).relu(), ag.tensor(wb))).relu().numpy()
-    assert len(calls) == 2
+    assert len(blas_calls) == 2
     want = np.maximum(np.einsum("oc,chw->ohw", wa[:, :, 0, 0], np.maximum(a[0], 0)) +
                       np.einsum("oc,chw->ohw", wb[:, :, 0, 0], np.maximum(b[0], 0)), 0)[None]
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
 
 
-def test_a_pooled_input_two_convolutions_read_is_pooled_once(monkeypatch) -> None:
+def test_a_pooled_input_two_convolutions_read_is_pooled_once(blas_calls: list[str]) -> None:
     """ResNet's stem: max pooling feeds the first block's 1x1 convolution and its downsampling
     one. It is computed once and both products go through BLAS (a copy of it for each had
     computed the pooling twice). Against PyTorch."""
@@ -146,16 +153,8 @@ def test_a_pooled_input_two_convolutions_read_is_pooled_once(monkeypatch) -> Non
     outs = [F.conv2d(pooled, ag.tensor(w1s)), F.conv2d(pooled, ag.tensor(w2s))]
     items = [i for i in schedule([o.lazy for o in outs]) if isinstance(i, KernelItem)]
     assert sum(any(red and size == 9 for _, size, red in i.ast.dims) for i in items) == 1
-    calls: list[str] = []
-    call = cpu.HostContraction.__call__
-
-    def spy(self, *args, **kwargs):  # noqa: ANN001, ANN202
-        calls.append(self.name)
-        return call(self, *args, **kwargs)
-
-    monkeypatch.setattr(cpu.HostContraction, "__call__", spy)
     got = [o.numpy() for o in outs]
-    assert len(calls) == 2
+    assert len(blas_calls) == 2
     tp = torch.nn.functional.max_pool2d(torch.from_numpy(xs).relu(), 3, 2, 1)
     for g, w in zip(got, (w1s, w2s)):
         want = torch.nn.functional.conv2d(tp, torch.from_numpy(w)).numpy()
