@@ -46,14 +46,16 @@ class GemmOptions:
     thread_n: int = 8
     prefetch: bool = True
     min_blocks: int = 2  # work-groups resident per SM that the compiler must leave room for
+    slices: int = 1  # groups of threads that each sum a share of every k-step (sliced k)
 
     @property
     def threads(self) -> int:
-        return (self.block_m // self.thread_m) * (self.block_n // self.thread_n)
+        return (self.block_m // self.thread_m) * (self.block_n // self.thread_n) * self.slices
 
     def describe(self) -> str:
+        sliced = f", k in {self.slices} slices" if self.slices > 1 else ""
         return (f"{self.block_m}x{self.block_n}x{self.block_k} tiles, {self.thread_m}x"
-                f"{self.thread_n} per thread{', prefetch' if self.prefetch else ''}, "
+                f"{self.thread_n} per thread{', prefetch' if self.prefetch else ''}{sliced}, "
                 f"{self.min_blocks} groups per SM")
 
 
@@ -222,19 +224,27 @@ def choose(c: Contraction, max_local: int, units: int = 0) -> GemmOptions | None
                 opts = dataclasses.replace(opts, block_k=16)
         return opts if opts.threads <= max_local else None
     # rows along k (a linear layer's activations). Fewer output tiles: smaller tiles keep more
-    # work-groups busy. Below WAVE_TILES tiles per compute unit, the ladder's next tiles: 128 x
-    # 64 with 8 x 8 per thread (half the threads of 128 x 128), then 64 x 32 with 4 x 4, free of
-    # the two-groups-per-SM register limit (on an H100, float32: BERT-base's 1024 x 3072 x 768
-    # 215 us on 64 x 128 tiles of 4 x 8 per thread, 150 on 128 x 64 of 8 x 8; its 1024 x 768 x
-    # 768 67 us on 32 x 64, 54 on 64 x 32 at one group per SM)
-    ladder = [GemmOptions(64, 64, 16, 4, 4)] if m * n < 1 << 20 else \
-        [GemmOptions(), GemmOptions(128, 64, 8, 8, 8)]
-    opts = ladder[0]
-    for smaller in ladder[1:] + [GemmOptions(64, 32, 16, 4, 4, min_blocks=1)]:
-        if not units or _tiles(c, opts) >= WAVE_TILES * units:
-            break
+    # work-groups busy. Below WAVE_TILES tiles per compute unit, the ladder's next tiles, each
+    # taken where it makes LADDER_TILES tiles per unit: 128 x 64 with 8 x 8 per thread, then
+    # tiles whose k-steps are split between two slices of threads (twice the threads per tile,
+    # the slices' sums added through local memory at the end). On an H200, float32, BERT-base's
+    # products: 1024 x 3072 x 768 on 128 x 64 tiles 131 us; 1024 x 2304 x 768 on 128 x 64 150,
+    # on 64 x 64 in two slices 117; 1024 x 768 x 768 on 64 x 32 with 4 x 4 per thread 57, with
+    # 8 x 4 in two slices 46-48; 1024 x 768 x 3072 196 -> 159.
+    opts = GemmOptions(64, 64, 16, 4, 4) if m * n < 1 << 20 else GemmOptions()
+    if not units or _tiles(c, opts) >= WAVE_TILES * units:
+        return opts if opts.threads <= max_local else None
+    for smaller in _LADDER:
         opts = smaller
+        if _tiles(c, opts) >= LADDER_TILES * units:
+            break
     return opts if opts.threads <= max_local else None
+
+
+# tiles per compute unit that a tile of the ladder below must make to be taken
+LADDER_TILES = 2.5
+_LADDER = [GemmOptions(128, 64, 8, 8, 8), GemmOptions(64, 64, 16, 8, 8, min_blocks=1, slices=2),
+           GemmOptions(64, 32, 16, 8, 4, slices=2)]
 
 
 def _tiles(c: Contraction, opts: GemmOptions) -> int:
@@ -246,12 +256,16 @@ _SHAPES = [(128, 128, 8, 8, 8), (64, 64, 16, 4, 4), (128, 64, 8, 8, 4), (64, 128
            (64, 64, 8, 4, 4)]
 _MORE_SHAPES = [(128, 128, 16, 8, 8), (64, 64, 32, 4, 4), (128, 64, 16, 8, 4),
                 (64, 128, 16, 4, 8), (32, 64, 16, 4, 4), (64, 32, 16, 4, 4)]
+# tiles with k-steps in slices beyond the ladder's, at level 2
+_MORE_SLICED = [GemmOptions(64, 64, 16, 8, 8, min_blocks=1, slices=4),
+                GemmOptions(64, 32, 16, 8, 4, min_blocks=1, slices=4),
+                GemmOptions(128, 64, 8, 8, 8, slices=2), GemmOptions(64, 64, 8, 8, 8, slices=2)]
 
 
 def candidates(c: Contraction, max_local: int, level: int, units: int = 0
                ) -> list[GemmOptions]:
-    """The configurations the tuner times for ``c`` (``choose``'s first): tile shapes, and at
-    level 2 longer k-steps, no prefetch and one group per SM too."""
+    """The configurations the tuner times for ``c`` (``choose``'s first): tile shapes and
+    sliced k-steps, and at level 2 longer k-steps, no prefetch and one group per SM too."""
     default = choose(c, max_local, units)
     if default is None:
         return []
@@ -262,6 +276,8 @@ def candidates(c: Contraction, max_local: int, level: int, units: int = 0
             variants += [GemmOptions(bm, bn, bk, tm, tn, min_blocks=1),
                          GemmOptions(bm, bn, bk, tm, tn, prefetch=False)]
         out += [o for o in variants if o not in out and o.threads <= max_local]
+    sliced = _LADDER + (_MORE_SLICED if level >= 2 else [])
+    out += [o for o in sliced if o not in out and o.threads <= max_local]
     return out
 
 
@@ -338,7 +354,7 @@ class Tiling:
         """(local index, value, element number) for each element this thread stages of one
         operand tile: element e = lid + threads * j, laid out so that neighbouring threads read
         neighbouring addresses of the operand; out-of-range elements read a clamped address and
-        count as 0."""
+        count as 0 (checked only along a side that the tiles do not divide)."""
         const, BK, K = self.const, self.BK, self.c.K
         total = BK * block
         size = math.prod(s for _, s in outer)
@@ -351,10 +367,14 @@ class Tiling:
                 kk, oo = ir.alu("idiv", e, const(block)), ir.alu("mod", e, const(block))
             o = ir.alu("add", ir.alu("mul", tile, const(block)), oo)
             kg = ir.alu("add", k_step, kk)
-            inside = ir.alu("and", ir.alu("lt", o, const(size)), ir.alu("lt", kg, const(K)))
-            env = element_env(self.batch_env, outer, clamped(o, size), self.c.ks, clamped(kg, K))
+            checks = [ir.alu("lt", o, const(size))] if size % block else []
+            checks += [ir.alu("lt", kg, const(K))] if K % BK else []
+            env = element_env(self.batch_env, outer, clamped(o, size) if size % block else o,
+                              self.c.ks, clamped(kg, K) if K % BK else kg)
             v = ir.cast(ir.substitute(value, env), self.acc_dtype)
-            v = ir.alu("where", inside, v, ir.const(0, self.acc_dtype))
+            if checks:
+                inside = checks[0] if len(checks) == 1 else ir.alu("and", *checks)
+                v = ir.alu("where", inside, v, ir.const(0, self.acc_dtype))
             if total % self.threads:
                 v = ir.alu("where", ir.alu("lt", e, const(total)), v, ir.const(0, self.acc_dtype))
             out.append((local_index(kk, oo), v, e))
@@ -402,17 +422,21 @@ class Tiling:
         return before + [ir.For("k0", const(0), const(steps * BK), const(BK), loop)]
 
     def store(self, row: ir.Expr, col: ir.Expr, acc: ir.Expr) -> ir.Stmt:
-        """The epilogue at output ``row`` and ``col`` (flattened m and n): the AST's output
-        expression with acc0 = ``acc``, stored where the element exists."""
+        """The epilogue at output ``row`` and ``col`` (flattened m and n, inside the group's
+        tile): the AST's output expression with acc0 = ``acc``, stored where the element
+        exists."""
         env = dict(self.batch_env)
         env.update(split(self.c.ms, row))
         env.update(split(self.c.ns, col))
         env["acc0"] = ir.cast(acc, self.acc_dtype)
         value = ir.substitute(self.ast.out_value, env)
         index = ir.substitute(self.ast.out_index, env)
-        inside = ir.alu("and", ir.alu("lt", row, self.const(self.c.M)),
-                        ir.alu("lt", col, self.const(self.c.N)))
-        return ir.If(inside, [ir.Store("b0", index, value)])
+        checks = [ir.alu("lt", row, self.const(self.c.M))] if self.c.M % self.BM else []
+        checks += [ir.alu("lt", col, self.const(self.c.N))] if self.c.N % self.BN else []
+        if not checks:  # the tiles divide the output
+            return ir.Store("b0", index, value)
+        return ir.If(checks[0] if len(checks) == 1 else ir.alu("and", *checks),
+                     [ir.Store("b0", index, value)])
 
     def kernel(self, name: str, params: list[ir.Param], body: list[ir.Stmt],
                meta: dict) -> ir.Kernel:
@@ -436,25 +460,37 @@ def build(ast: Any, c: Contraction, opts: GemmOptions, params: list[ir.Param], n
           meta: dict) -> ir.Kernel:
     """The kernel IR of ``ast`` through the SIMT template."""
     BM, BN, BK, TM, TN = opts.block_m, opts.block_n, opts.block_k, opts.thread_m, opts.thread_n
+    S = opts.slices
+    if BK % S:
+        raise ValueError(f"block_k {BK} is not a multiple of {S} slices")
     cols, rows = BN // TN, BM // TM  # threads along n and along m
-    tiling = Tiling(ast, c, BM, BN, BK, rows * cols)
-    const, acc_dtype = tiling.const, tiling.acc_dtype
+    tiling = Tiling(ast, c, BM, BN, BK, rows * cols * S)
+    const, acc_dtype, dt = tiling.const, tiling.acc_dtype, tiling.dt
     # local tiles [k][m] and [k][n], rows padded by PAD so that staging a k-contiguous operand
     # (neighbouring threads at neighbouring k) spreads over the memory banks
     XW, YW = BM + PAD, BN + PAD
     body: list[ir.Stmt] = [ir.LocalArray("xs", acc_dtype, BK * XW),
                            ir.LocalArray("ys", acc_dtype, BK * YW)]
+    if S > 1:  # the slices' partial sums, added up through local memory after the k loop
+        body.append(ir.LocalArray("zs", acc_dtype, BM * BN))
     body += tiling.tile_decls()
+    # with slices, thread lid computes k-offsets [slice * BK / S, (slice + 1) * BK / S) of each
+    # step for the sub-tile of lid % (rows * cols)
+    lid = ir.alu("mod", tiling.lid, const(rows * cols)) if S > 1 else tiling.lid
     if _rows_contiguous(ast, c):
         # an output whose neighbouring rows are neighbours in memory (a convolution's NCHW
         # output: rows are batch, height, width) is stored coalesced by threads that are
         # neighbours along m
-        body.append(ir.Decl("ty", tiling.dt, ir.alu("mod", tiling.lid, const(rows))))
-        body.append(ir.Decl("tx", tiling.dt, ir.alu("idiv", tiling.lid, const(rows))))
+        body.append(ir.Decl("ty", dt, ir.alu("mod", lid, const(rows))))
+        body.append(ir.Decl("tx", dt, ir.alu("idiv", lid, const(rows))))
     else:
-        body.append(ir.Decl("tx", tiling.dt, ir.alu("mod", tiling.lid, const(cols))))
-        body.append(ir.Decl("ty", tiling.dt, ir.alu("idiv", tiling.lid, const(cols))))
-    tx, ty = ir.var("tx", tiling.dt), ir.var("ty", tiling.dt)
+        body.append(ir.Decl("tx", dt, ir.alu("mod", lid, const(cols))))
+        body.append(ir.Decl("ty", dt, ir.alu("idiv", lid, const(cols))))
+    tx, ty = ir.var("tx", dt), ir.var("ty", dt)
+    if S > 1:
+        body.append(ir.Decl("ks", dt, ir.alu("idiv", tiling.lid, const(rows * cols))))
+        body.append(ir.Decl("kx", dt, ir.alu("mul", ir.var("ks", dt), const(BK // S * XW))))
+        body.append(ir.Decl("ky", dt, ir.alu("mul", ir.var("ks", dt), const(BK // S * YW))))
     for i in range(TM):
         for j in range(TN):
             body.append(ir.Decl(f"c{i}_{j}", acc_dtype, ir.const(0, acc_dtype)))
@@ -469,14 +505,18 @@ def build(ast: Any, c: Contraction, opts: GemmOptions, params: list[ir.Param], n
     def col_of(j: int) -> ir.Expr:
         return ir.alu("add", ir.alu("mul", tx, const(vn)), const((j // vn) * cols * vn + j % vn))
 
+    def at(buf: str, offset: ir.Expr) -> ir.Expr:  # with slices, this slice's k-offsets
+        return ir.alu("add", ir.var("kx" if buf == "xs" else "ky", dt), offset) if S > 1 \
+            else offset
+
     compute: list[ir.Stmt] = []
-    for kk in range(BK):
+    for kk in range(BK // S):
         for g in range(TM // vm):
-            base = ir.alu("add", const(kk * XW), row_of(g * vm))
+            base = at("xs", ir.alu("add", const(kk * XW), row_of(g * vm)))
             compute.append(ir.VecLoad([f"x{kk}_{g * vm + r}" for r in range(vm)], acc_dtype,
                                       "xs", base))
         for g in range(TN // vn):
-            base = ir.alu("add", const(kk * YW), col_of(g * vn))
+            base = at("ys", ir.alu("add", const(kk * YW), col_of(g * vn)))
             compute.append(ir.VecLoad([f"y{kk}_{g * vn + r}" for r in range(vn)], acc_dtype,
                                       "ys", base))
         for i in range(TM):
@@ -488,10 +528,30 @@ def build(ast: Any, c: Contraction, opts: GemmOptions, params: list[ir.Param], n
     body += tiling.k_loop(lambda kk, oo: ir.alu("add", ir.alu("mul", kk, const(XW)), oo),
                           lambda kk, oo: ir.alu("add", ir.alu("mul", kk, const(YW)), oo),
                           compute, opts.prefetch)
+    cells = [(i, j) for i in range(TM) for j in range(TN)]
+    if S > 1:
+        # slice by slice, the partial sums go through zs to slice 0's threads
+        def cell(i: int, j: int) -> ir.Expr:
+            return ir.alu("add", ir.alu("mul", row_of(i), const(BN)), col_of(j))
+
+        ks = ir.var("ks", dt)
+        for s_ in range(1, S):
+            body.append(ir.If(ir.alu("eq", ks, const(s_)),
+                              [ir.Store("zs", cell(i, j), ir.var(f"c{i}_{j}", acc_dtype))
+                               for i, j in cells]))
+            body.append(ir.Barrier())
+            body.append(ir.If(ir.alu("eq", ks, const(0)), [
+                ir.Assign(f"c{i}_{j}", ir.alu("add", ir.var(f"c{i}_{j}", acc_dtype),
+                                              ir.load("zs", acc_dtype, cell(i, j))))
+                for i, j in cells]))
+            if s_ < S - 1:
+                body.append(ir.Barrier())
     row0 = ir.alu("mul", tiling.tm, const(BM))
     col0 = ir.alu("mul", tiling.tn, const(BN))
-    body += [tiling.store(ir.alu("add", row0, row_of(i)), ir.alu("add", col0, col_of(j)),
-                          ir.var(f"c{i}_{j}", acc_dtype)) for i in range(TM) for j in range(TN)]
+    stores: list[ir.Stmt] = [
+        tiling.store(ir.alu("add", row0, row_of(i)), ir.alu("add", col0, col_of(j)),
+                     ir.var(f"c{i}_{j}", acc_dtype)) for i, j in cells]
+    body += [ir.If(ir.alu("eq", ir.var("ks", dt), const(0)), stores)] if S > 1 else stores
     meta = dict(meta, template=f"gemm {opts.describe()}", min_blocks=opts.min_blocks)
     return tiling.kernel(name, params, body, meta)
 
