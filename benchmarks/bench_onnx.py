@@ -44,18 +44,7 @@ def _export(name: str, batch: int, folder: str) -> tuple[str, dict[str, np.ndarr
         feed = {"image": rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)}
         outputs = ["logits"]
     elif name == "bert":
-        from transformers import BertConfig, BertModel
-
-        class Encoder(torch.nn.Module):  # BERT-base's shape; the last hidden state out
-            def __init__(self) -> None:
-                super().__init__()
-                self.bert = BertModel(BertConfig(), add_pooling_layer=False)
-
-            def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-                return self.bert(input_ids=input_ids,
-                                 attention_mask=attention_mask).last_hidden_state
-
-        module = Encoder().eval()
+        module = _bert_base().eval()
         feed = {"input_ids": rng.integers(0, 30522, (batch, 128)).astype(np.int64),
                 "attention_mask": np.ones((batch, 128), np.int64)}
         outputs = ["hidden"]
@@ -68,6 +57,67 @@ def _export(name: str, batch: int, folder: str) -> tuple[str, dict[str, np.ndarr
     torch.onnx.export(module, args, path, input_names=list(feed), output_names=outputs,
                       opset_version=17, **kwargs)
     return path, feed, module
+
+
+def _bert_base() -> Any:
+    """BERT-base (12 layers of 768, 12 heads, 3,072 wide feed-forward, the last hidden state
+    out) from transformers, or where it is missing the same encoder written out in PyTorch:
+    embeddings of words, positions and token types with LayerNorm, then post-norm layers of
+    attention under the padding mask and erf's GELU."""
+    import torch
+
+    try:
+        from transformers import BertConfig, BertModel
+    except ImportError:
+        BertModel = None
+        print("bench_onnx: transformers is not installed; BERT-base written out in PyTorch",
+              file=sys.stderr)
+
+    class Layer(torch.nn.Module):
+        def __init__(self, width: int = 768, heads: int = 12, ff: int = 3072) -> None:
+            super().__init__()
+            self.heads = heads
+            self.q, self.k, self.v, self.o = (torch.nn.Linear(width, width) for _ in range(4))
+            self.norm1, self.norm2 = (torch.nn.LayerNorm(width, eps=1e-12) for _ in range(2))
+            self.up, self.down = torch.nn.Linear(width, ff), torch.nn.Linear(ff, width)
+
+        def forward(self, x: Any, mask: Any) -> Any:
+            b, t, width = x.shape
+
+            def heads(y: Any) -> Any:
+                return y.view(b, t, self.heads, width // self.heads).transpose(1, 2)
+
+            q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
+            scores = q @ k.transpose(-1, -2) / (width // self.heads) ** 0.5 + mask
+            a = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, width)
+            x = self.norm1(self.o(a) + x)
+            return self.norm2(self.down(torch.nn.functional.gelu(self.up(x))) + x)
+
+    class Encoder(torch.nn.Module):  # BERT-base's shape; the last hidden state out
+        def __init__(self) -> None:
+            super().__init__()
+            if BertModel is not None:
+                self.bert = BertModel(BertConfig(), add_pooling_layer=False)
+                return
+            self.words, self.positions = torch.nn.Embedding(30522, 768), \
+                torch.nn.Embedding(512, 768)
+            self.types, self.norm = torch.nn.Embedding(2, 768), torch.nn.LayerNorm(768, eps=1e-12)
+            self.layers = torch.nn.ModuleList(Layer() for _ in range(12))
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            if BertModel is not None:
+                return self.bert(input_ids=input_ids,
+                                 attention_mask=attention_mask).last_hidden_state
+            t = input_ids.shape[1]
+            positions = torch.arange(t, device=input_ids.device)
+            x = self.norm(self.words(input_ids) + self.positions(positions)[None] +
+                          self.types(torch.zeros_like(input_ids)))
+            mask = (1.0 - attention_mask[:, None, None, :].float()) * -10000.0
+            for layer in self.layers:
+                x = layer(x, mask)
+            return x
+
+    return Encoder()
 
 
 def _median(fn: Callable[[], Any], reps: int, warmup: int = 3) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import sys
 import time
 import weakref
@@ -82,10 +83,11 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
         items.append(CopyItem(node))
         return
     _split_reduction(node)
-    spec = _choose_spec(node)
-    _unfold_windows(spec)
-    _store_costly_operands(spec)
+    spec = _plan_kernel(node)
     signature, walk, leaves = _signature(node, spec)
+    if _keep_product_operands(node, walk, spec.reduction):
+        spec = _plan_kernel(node)
+        signature, walk, leaves = _signature(node, spec)
     cached = _ast_cache.get(signature)
     if cached is None:
         ast = lower.build_kernel(spec, leaves)
@@ -108,6 +110,16 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
     for dep in ast.inputs:
         _visit(dep, items, planned)
     items.append(KernelItem(ast, signature, walk))
+
+
+def _plan_kernel(node: Lazy) -> lower.KernelSpec:
+    """The spec of the kernel computing ``node``, after the rewrites and ``keep`` marks that
+    shape it (unfolded windows, stored padding, stored operands)."""
+    spec = _choose_spec(node)
+    _unfold_windows(spec)
+    _store_padded_windows(spec)
+    _store_costly_operands(spec)
+    return spec
 
 
 def _cut_to_buffer_limit(root: Lazy, inputs: Sequence[Lazy], limit: int) -> None:
@@ -259,24 +271,29 @@ _UNFOLD_MAX = 1 << 28  # bytes an unfolded operand may take at most
 
 
 def _unfold_windows(spec: lower.KernelSpec) -> None:
-    """On the processor, a large convolution-like product (a sum of a product over more axes
-    than a batched matrix product has) goes through BLAS (forward, data and weight gradients
-    alike). An operand whose reads are linear, its rows and its summed axes each stepping as
-    one, is read where it lies (stored first if it is computed); any other (a window over
-    padding, a strided window, a batch that does not nest with the pixels) is written out first
-    (im2col, one copy kernel each): axes both operands have, then its own rows and the summed
-    axes, in the order that reads the source in runs."""
+    """On the processor, a large product goes through BLAS: a convolution (forward, data and
+    weight gradients alike) and a batched matrix product whose operand is a view BLAS cannot
+    read (attention's heads: the output projection reads the heads' output with its head and
+    feature axes swapped; computed as a reduction it took 61 ms of BERT-base's 123 tokens). An
+    operand whose reads are linear, its rows and its summed axes each stepping as one, is read
+    where it lies (stored first if it is computed); any other (a window over padding, a strided
+    window, a batch that does not nest with the pixels, axes merged out of order) is written
+    out first (im2col, one copy kernel each): axes both operands have, then its own rows and
+    the summed axes, in the order that reads the source in runs. Below _UNFOLD_MIN products,
+    and for products of fewer axes than a convolution's, only stored memory read out of order
+    is written out (the copy then moves each element once)."""
     node = spec.reduction
-    if node is None or node.op is not Op.SUM or node.device.split(":")[0] != "cpu":
+    if node is None or node.op is not Op.SUM or _dialect(node.device) != "c":
         return
     product = node.srcs[0]
-    if product.op is not Op.MUL or product.numel < _UNFOLD_MIN or len(product.shape) < 5 or \
+    if product.op is not Op.MUL or product.numel < 1 << 21 or len(product.shape) < 3 or \
             any(s.op is not Op.EXPAND or s.realized for s in product.srcs):
         return
     views = [s.srcs[0] for s in product.srcs]
     reduced = set(node.arg)
     own = [{a for a, n in enumerate(v.shape) if n != 1} for v in views]
     shared = own[0] & own[1] - reduced
+    per_entry = product.numel // math.prod(product.shape[a] for a in shared)
     operands = list(product.srcs)
     for i, (side, view) in enumerate(zip(product.srcs, views)):
         rest = [a for a in range(len(view.shape)) if a not in own[i]]  # size 1 here
@@ -291,8 +308,24 @@ def _unfold_windows(spec: lower.KernelSpec) -> None:
         order = rest + sorted(shared) + (summed + rows if runs[0] > runs[1] else rows + summed)
         walk = _under_movement(view)
         strides = _linear_strides(view, middle)
-        if strides is not None and _nests(view, strides, rows) and \
-                _nests(view, strides, summed):
+        linear = strides is not None and _nests(view, strides, rows) and \
+            _nests(view, strides, summed)
+        if product.numel < _UNFOLD_MIN or len(product.shape) < 5:
+            # a small convolution's compiled reduction beats its unfolded copy; a smaller
+            # product only has a view of stored memory written out in order (a computed
+            # operand is left to _store_costly_operands: 4-bit weights are unpacked in the
+            # product's loads, never stored)
+            if linear and per_entry >= 1 << 16 and walk.op in ELEMENTWISE and \
+                    view.numel <= min(v.numel for v in views):
+                # a computed operand of a product BLAS takes (lower.to_ir: 64K multiply-adds
+                # or more per product of a batch) is stored for it where it is the smaller
+                # side (attention's values with their bias: the heads' products of BERT-base
+                # had run as one compiled reduction at 2.5 GFLOP/s)
+                walk.keep = True
+            if linear or view.numel > walk.numel or not (
+                    walk.realized or walk.keep or walk.op in REDUCE):
+                continue
+        elif linear:
             # BLAS reads it where it lies (transposed or not) once it is stored: a computed
             # value is kept, one kernel for all its readers (ResNet's max pooling feeds two
             # convolutions, and a copy for each had computed it twice)
@@ -307,6 +340,38 @@ def _unfold_windows(spec: lower.KernelSpec) -> None:
         unfolded = operands[0].alu(Op.MUL, operands[1])
         node.srcs = (unfolded,)
         unfolded.consumers.append(weakref.ref(node))
+
+
+_PADDED_MIN = 1 << 16  # elements of a padded input from which it is stored (a kernel more)
+
+
+def _store_padded_windows(spec: lower.KernelSpec) -> None:
+    """On the processor, a reduction over windows of a padded input that is computed (max
+    pooling of a convolution's bias and ReLU) stores the padded input first: its loops then read
+    plain memory, not a bounds check per element of every window (ResNet-50's stem pooling at
+    batch 1 on 2 cores: 5.2-5.5 ms with the checks, 4.3 with the padding stored by a kernel of
+    0.7). Products are handled by ``_unfold_windows`` and ``_store_costly_operands``."""
+    node = spec.reduction
+    if node is None or _dialect(node.device) != "c" or \
+            (node.op is Op.SUM and node.srcs[0].op is Op.MUL):
+        return
+    top = _under_movement(node.srcs[0])
+    if top.op not in ELEMENTWISE or is_boundary(top, spec.root) or top.numel < _PADDED_MIN:
+        return
+    # the padding under the windows' view: a padded computed node (max pooling pads by a
+    # ``where`` over a padded mask, its input padded beside it)
+    stack, seen = [top], set()
+    while stack:
+        at = stack.pop()
+        if id(at) in seen or is_boundary(at, spec.root):
+            continue
+        seen.add(id(at))
+        if at.op is Op.PAD and any(a or b for a, b in at.arg) and \
+                at.srcs[0].op in ELEMENTWISE and not is_boundary(at.srcs[0], spec.root):
+            top.keep = True
+            return
+        if at.op in ELEMENTWISE or at.op is Op.PAD:
+            stack.extend(at.srcs)
 
 
 def _source_offset(view: Lazy, index: list[int]) -> int | None:
@@ -567,6 +632,62 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
         if below.op in ELEMENTWISE and not is_boundary(below, root) and \
                 _operand_cost(below, root, limit) >= limit:
             below.keep = True
+
+
+def _products_reading(node: Lazy) -> list[Lazy]:
+    """The sums of products that take ``node`` (through views) as a factor."""
+    out, stack, seen = [], [node], set()
+    while stack:
+        at = stack.pop()
+        for user in (r() for r in at.consumers):
+            if user is None or id(user) in seen or user.realized:
+                continue
+            seen.add(id(user))
+            if user.op in MOVEMENT:
+                stack.append(user)
+            elif user.op is Op.MUL:
+                for sum_ in (r() for r in user.consumers):
+                    found = _summed_product(sum_) if sum_ is not None and sum_.op is Op.SUM \
+                        and not sum_.realized else None
+                    if found is not None and found[0] is user:
+                        out.append(sum_)
+    return out
+
+
+def _keep_product_operands(root: Lazy, walk: list[Lazy], reduction: Lazy | None) -> bool:
+    """Mark ``keep`` each elementwise node of the kernel computing ``root`` (``walk``: the nodes
+    its signature walked) that a product other than its own ``reduction`` stores as its operand
+    (as ``_store_costly_operands`` decides once that product's kernel is planned: a GPU's tiled
+    product, a costly operand; the processor's BLAS product, its computed activations):
+    planned later, it would be stored for the product after this kernel had computed it again
+    from its inputs. Whether any was marked (the kernel is then planned again). (A
+    transformer's residual stream: each LayerNorm's output, an operand of the next linear
+    layer, is added back after it; the kernel of the last LayerNorm computed every earlier one
+    of its row again, 24 chained statistics in BERT-base's last layer.)"""
+    on_cpu = _dialect(root.device) == "c"
+    marked = False
+    # consumers before what they read (``walk`` lists sources first): a node's cost counts the
+    # work below it, which a node below marked first would cut short
+    for at in reversed(walk):
+        # read by this kernel alone, or not computed in it
+        if at is root or at.op not in ELEMENTWISE or len(at.consumers) < 2 or \
+                is_boundary(at, root):
+            continue
+        for sum_ in _products_reading(at):
+            if sum_ is reduction:
+                continue
+            if on_cpu:  # BLAS's products store their smaller operand when it is computed
+                product = sum_.srcs[0]
+                sides = [_under_movement(side) for side in product.srcs]
+                limit = 1 if product.numel >= (_UNFOLD_MIN if len(product.shape) >= 5
+                                               else 1 << 21) and \
+                    all(at.numel <= side.numel for side in sides) else 0
+            else:
+                limit = _TILED_OPERAND_COST if _tiled_product(sum_) else 0
+            if limit and _operand_cost(at, sum_, limit) >= limit:
+                at.keep = marked = True
+                break
+    return marked
 
 
 # Lowering is pure in the graph's structure, so kernels of the same structure (every step of a

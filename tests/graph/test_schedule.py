@@ -283,3 +283,37 @@ def test_rmsnorm_of_a_residual_product_reads_the_weights_once(device: str) -> No
     want = hs + xs @ ws.T
     want = want / np.sqrt((want * want).mean(-1, keepdims=True) + 1e-5) * gs
     np.testing.assert_allclose(n.numpy(), want, rtol=2e-4, atol=2e-4 * float(np.abs(want).max()))
+
+
+def test_layer_norms_of_a_residual_stream_read_the_stream_stored(device: str) -> None:
+    """Four post-norm residual blocks, ``h = LayerNorm(h @ W + h)`` (BERT's): a norm's output
+    that the next block's product stores is read there by the next norm's kernel, which had
+    computed every earlier norm of its row again (the last kernel: 10 chained statistics here,
+    24 in BERT-base). On GPUs the first outputs, cheap enough for the product's tiles to
+    compute again (``schedule._TILED_OPERAND_COST``), are computed again in the third norm's
+    kernel too; the stream stays bounded. Against NumPy."""
+    rng = np.random.default_rng(6)
+    xs = rng.standard_normal((128, 256)).astype(np.float32)
+    ws = [(rng.standard_normal((256, 256)) * 0.06).astype(np.float32) for _ in range(4)]
+
+    def norm(v: ag.Tensor) -> ag.Tensor:
+        d = v - v.mean(-1, keepdim=True)
+        return d * (d * d).mean(-1, keepdim=True).add(1e-5).rsqrt()
+
+    h = norm(ag.tensor(xs, device=device))
+    want = xs
+    for w in ws:
+        h = norm(h @ ag.tensor(w, device=device) + h)
+    items = [i for i in sched.schedule([h.lazy]) if isinstance(i, KernelItem)]
+    norms = [len(i.ast.stages) for i in items if i.ast.output.shape == (128, 256) and
+             all(s.op.name == "SUM" for s in i.ast.stages) and len(i.ast.stages) >= 2]
+    assert norms[-2:] == [2, 2] and max(norms) <= 6, norms
+
+    def norm_np(v: np.ndarray) -> np.ndarray:
+        d = v - v.mean(-1, keepdims=True)
+        return d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
+
+    want = norm_np(xs)
+    for w in ws:
+        want = norm_np(want @ w + want)
+    np.testing.assert_allclose(h.numpy(), want, rtol=2e-4, atol=2e-4)

@@ -39,6 +39,15 @@ class CRenderer(CStyleRenderer):
     def round_f16(self, x: str) -> str:
         return f"((float)(_Float16)({x}))"
 
+    def render_op(self, e: ir.Expr) -> str:
+        if e.op == "max" and e.dtype.is_float:
+            # NaN-propagating as PyTorch's max, both tests evaluated (``|``, not ``||``) so that
+            # the compiler selects without a branch: the short-circuit branched on every
+            # element of random data (ResNet-50's stem pooling at batch 1: 4.3 -> 3.5 ms)
+            a, b = self.expr(e.srcs[0], True), self.expr(e.srcs[1], True)
+            return self.wrap(f"((({a} > {b}) | ({a} != {a})) ? {a} : {b})", e.dtype)
+        return super().render_op(e)
+
     def emit_parallel(self, st: ir.For) -> None:
         clause = ""
         if st.reduction is not None:
