@@ -228,9 +228,10 @@ def choose(c: Contraction, max_local: int, units: int = 0) -> GemmOptions | None
     # taken where it makes LADDER_TILES tiles per unit: 128 x 64 with 8 x 8 per thread, then
     # tiles whose k-steps are split between two slices of threads (twice the threads per tile,
     # the slices' sums added through local memory at the end). On an H200, float32, BERT-base's
-    # products: 1024 x 3072 x 768 on 128 x 64 tiles 131 us; 1024 x 2304 x 768 on 128 x 64 150,
-    # on 64 x 64 in two slices 117; 1024 x 768 x 768 on 64 x 32 with 4 x 4 per thread 57, with
-    # 8 x 4 in two slices 46-48; 1024 x 768 x 3072 196 -> 159.
+    # products from the previous ladder (128 x 64, then 64 x 32 with 4 x 4 per thread) to this
+    # one: 1024 x 3072 x 768 150 -> 130 us (128 x 64), 1024 x 2304 x 768 150 -> 112 (64 x 64 in
+    # two slices), 1024 x 768 x 768 57 -> 47 and 1024 x 768 x 3072 196 -> 160 (64 x 32 in two
+    # slices), bounds checks dropped too.
     opts = GemmOptions(64, 64, 16, 4, 4) if m * n < 1 << 20 else GemmOptions()
     if not units or _tiles(c, opts) >= WAVE_TILES * units:
         return opts if opts.threads <= max_local else None
