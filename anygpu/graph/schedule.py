@@ -293,7 +293,6 @@ def _unfold_windows(spec: lower.KernelSpec) -> None:
     reduced = set(node.arg)
     own = [{a for a, n in enumerate(v.shape) if n != 1} for v in views]
     shared = own[0] & own[1] - reduced
-    per_entry = product.numel // math.prod(product.shape[a] for a in shared)
     operands = list(product.srcs)
     for i, (side, view) in enumerate(zip(product.srcs, views)):
         rest = [a for a in range(len(view.shape)) if a not in own[i]]  # size 1 here
@@ -313,15 +312,8 @@ def _unfold_windows(spec: lower.KernelSpec) -> None:
         if product.numel < _UNFOLD_MIN or len(product.shape) < 5:
             # a small convolution's compiled reduction beats its unfolded copy; a smaller
             # product only has a view of stored memory written out in order (a computed
-            # operand is left to _store_costly_operands: 4-bit weights are unpacked in the
-            # product's loads, never stored)
-            if linear and per_entry >= 1 << 16 and walk.op in ELEMENTWISE and \
-                    view.numel <= min(v.numel for v in views):
-                # a computed operand of a product BLAS takes (lower.to_ir: 64K multiply-adds
-                # or more per product of a batch) is stored for it where it is the smaller
-                # side (attention's values with their bias: the heads' products of BERT-base
-                # had run as one compiled reduction at 2.5 GFLOP/s)
-                walk.keep = True
+            # operand is left to _store_costly_operands, which stores the smaller side for
+            # BLAS: 4-bit weights are unpacked in the product's loads, never stored)
             if linear or view.numel > walk.numel or not (
                     walk.realized or walk.keep or walk.op in REDUCE):
                 continue
@@ -556,6 +548,20 @@ def _under_movement(node: Lazy) -> Lazy:
     return node
 
 
+def _blas_product(product: Lazy, summed: set[int]) -> bool:
+    """Whether the processor sums ``product`` over its ``summed`` axes through BLAS rather than
+    as a compiled reduction: 2M multiply-adds in all and 64K or more in each product of a batch
+    (``lower.to_ir``'s rule), and 16M (_UNFOLD_MIN) where an operand repeats its source (a
+    convolution's overlapping windows, which _unfold_windows writes out)."""
+    if product.numel < 1 << 21 or len(product.srcs) != 2:
+        return False
+    views = [side.srcs[0] if side.op is Op.EXPAND else side for side in product.srcs]
+    own = [{a for a, n in enumerate(v.shape) if n != 1} for v in views]
+    batch = math.prod(product.shape[a] for a in own[0] & own[1] - summed)
+    repeats = any(v.numel > _under_movement(v).numel for v in views)
+    return product.numel // batch >= 1 << 16 and (not repeats or product.numel >= _UNFOLD_MIN)
+
+
 def _store_costly_operands(spec: lower.KernelSpec) -> None:
     """Mark ``keep`` each operand of the product a kernel sums whose elementwise work is too
     costly to repeat per tile (see _FUSED_OPERAND_COST)."""
@@ -571,12 +577,13 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
     # operands are laid out by kernels of their own anyway: _unfold_windows, lower.to_ir)
     product = found[0]
     on_cpu = _dialect(root.device) == "c"
-    cpu = on_cpu and product.numel < (_UNFOLD_MIN if len(product.shape) >= 5 else 1 << 21)
     # a matrix product large enough for BLAS reads its operands as plain buffers: an operand
     # computed inside the product keeps it a compiled reduction (a decode step of 8 sequences
-    # summed TinyLlama's down projection at 0.8 GB/s, its SiLU recomputed for every output);
-    # a convolution's too (_unfold_windows writes its operands out)
-    blas = on_cpu and not cpu
+    # summed TinyLlama's down projection at 0.8 GB/s, its SiLU recomputed for every output;
+    # attention's values with their bias before the heads' products of BERT-base, at 2.5
+    # GFLOP/s); a convolution's too (_unfold_windows writes its operands out)
+    blas = on_cpu and _blas_product(product, found[1])
+    cpu = on_cpu and not blas
     # on GPUs, a product with rows and columns enough for the GEMM templates' tiles
     tiled = not on_cpu and _tiled_product(node)
     # the tensor-core template streams operands that are plain buffers from memory; a computed
@@ -678,10 +685,8 @@ def _keep_product_operands(root: Lazy, walk: list[Lazy], reduction: Lazy | None)
                 continue
             if on_cpu:  # BLAS's products store their smaller operand when it is computed
                 product = sum_.srcs[0]
-                sides = [_under_movement(side) for side in product.srcs]
-                limit = 1 if product.numel >= (_UNFOLD_MIN if len(product.shape) >= 5
-                                               else 1 << 21) and \
-                    all(at.numel <= side.numel for side in sides) else 0
+                limit = 1 if _blas_product(product, set(sum_.arg)) and all(
+                    at.numel <= _under_movement(side).numel for side in product.srcs) else 0
             else:
                 limit = _TILED_OPERAND_COST if _tiled_product(sum_) else 0
             if limit and _operand_cost(at, sum_, limit) >= limit:
