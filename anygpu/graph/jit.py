@@ -248,19 +248,65 @@ def _plan_memory(steps: list[Any]) -> None:
             if bid not in alive:
                 first.setdefault(bid, i)
                 last[bid] = i
-    # greedy: walk buffers by first use, reuse a pooled buffer of the same size whose last use
-    # is over (same device); otherwise allocate a new one
-    pool: dict[tuple[int, str], list[tuple[int, Buffer]]] = {}
     assigned: dict[int, Buffer] = {}
-    for bid in sorted(first, key=lambda k: first[k]):
-        nbytes, device = info[bid]
-        free = pool.setdefault((nbytes, device.name), [])
-        pick = next((k for k, (end, _) in enumerate(free) if end < first[bid]), None)
-        buf = free.pop(pick)[1] if pick is not None else device.alloc(nbytes)
-        assigned[bid] = buf
-        free.append((last[bid], buf))
+    devices: dict[str, tuple[Device, list[int]]] = {}
+    for bid in first:
+        devices.setdefault(info[bid][1].name, (info[bid][1], []))[1].append(bid)
+    for device, bids in devices.values():
+        placed = _arena(device, bids, info, first, last) \
+            if device.arena_sub_buffers and device.sub_buffer_align else None
+        assigned.update(placed if placed is not None else _pool(device, bids, info, first, last))
     for st, ids in zip(steps, layout):
         st.buffers = [alive[bid] if bid in alive else assigned[bid] for bid in ids]
+
+
+def _arena(device: Device, bids: list[int], info: dict[int, tuple[int, Device]],
+           first: dict[int, int], last: dict[int, int]) -> dict[int, Buffer] | None:
+    """The buffers ``bids`` as sub-buffers of one allocation, at offsets such that buffers in
+    use at the same step never overlap: largest first, each in the smallest gap it fits between
+    the buffers already placed whose lifetimes meet its own (the exact-size pool below held
+    twice the bytes ever in use at once: ResNet-18's training step at 112 x 112 pooled 375 MiB
+    for 189 MiB live). None if the device cannot give the arena in one allocation."""
+    align = device.sub_buffer_align
+    size = {bid: -(-info[bid][0] // align) * align for bid in bids}
+    offsets: dict[int, int] = {}
+    placed: list[int] = []
+    end = 0
+    for bid in sorted(bids, key=lambda b: (-size[b], first[b])):
+        taken = sorted((offsets[o], offsets[o] + size[o]) for o in placed
+                       if first[o] <= last[bid] and first[bid] <= last[o])
+        best, gap_at = None, 0
+        for lo, hi in taken:
+            if lo - gap_at >= size[bid] and (best is None or lo - gap_at < best[0]):
+                best = (lo - gap_at, gap_at)
+            gap_at = max(gap_at, hi)
+        at = best[1] if best is not None else gap_at
+        offsets[bid] = at
+        placed.append(bid)
+        end = max(end, at + size[bid])
+    if not offsets:
+        return {}
+    try:
+        arena = device.alloc(end)
+    except MemoryError:  # (OutOfMemoryError too)
+        return None
+    return {bid: device.sub_buffer(arena, offsets[bid], info[bid][0]) for bid in bids}
+
+
+def _pool(device: Device, bids: list[int], info: dict[int, tuple[int, Device]],
+          first: dict[int, int], last: dict[int, int]) -> dict[int, Buffer]:
+    """The buffers ``bids`` from a pool of buffers of their exact sizes: by first use, each
+    reuses a pooled buffer of its size whose last use is over, or a new one."""
+    free: dict[int, list[tuple[int, Buffer]]] = {}
+    assigned: dict[int, Buffer] = {}
+    for bid in sorted(bids, key=lambda k: first[k]):
+        nbytes = info[bid][0]
+        same = free.setdefault(nbytes, [])
+        pick = next((k for k, (end, _) in enumerate(same) if end < first[bid]), None)
+        buf = same.pop(pick)[1] if pick is not None else device.alloc(nbytes)
+        assigned[bid] = buf
+        same.append((last[bid], buf))
+    return assigned
 
 
 def _make_graph(c: Captured, inputs: list[Any]) -> None:

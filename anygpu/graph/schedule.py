@@ -85,7 +85,7 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
     _split_reduction(node)
     spec = _plan_kernel(node)
     signature, walk, leaves = _signature(node, spec)
-    if _keep_product_operands(node, walk, spec.reduction):
+    if _keep_product_operands(node, walk, spec.reduction) | _store_broadcast_work(node, walk):
         spec = _plan_kernel(node)
         signature, walk, leaves = _signature(node, spec)
     cached = _ast_cache.get(signature)
@@ -507,7 +507,8 @@ def _summed_product(node: Lazy) -> tuple[Lazy, set[int]] | None:
 def _tiled_product(node: Lazy) -> bool:
     """Whether the sum ``node`` of a product is a matrix product the GPU's GEMM templates tile:
     32 or more rows and columns (a decode step's matrix-vector products have one row per
-    sequence; a convolution's rows are its batch and pixels) and at least 2M multiply-adds."""
+    sequence; a convolution's rows are its batch and pixels) and at least 2M multiply-adds;
+    in float32 16 rows from 4M multiply-adds."""
     found = _summed_product(node)
     if found is None:
         return False
@@ -521,6 +522,8 @@ def _tiled_product(node: Lazy) -> bool:
         for i, side in enumerate(product.srcs):
             if side.op is Op.EXPAND and side.srcs[0].shape[a] == 1:
                 extent[1 - i] *= size
+    if product.dtype == float32 and max(extent) >= 32 and product.numel >= 1 << 22:
+        return min(extent) >= gemm.FEW_ROWS  # (gemm.choose's float32 tiles of 16 rows)
     return min(extent) >= 32
 
 
@@ -560,6 +563,21 @@ def _blas_product(product: Lazy, summed: set[int]) -> bool:
     batch = math.prod(product.shape[a] for a in own[0] & own[1] - summed)
     repeats = any(v.numel > _under_movement(v).numel for v in views)
     return product.numel // batch >= 1 << 16 and (not repeats or product.numel >= _UNFOLD_MIN)
+
+
+# BLAS reads its operands as buffers: a computed operand of a BLAS product is stored where it is
+# the smaller one or where each of its elements takes part in this many multiply-adds (BERT-base's
+# activations at 8 x 128 tokens outnumber its weights; left computed, each linear layer summed
+# them as a compiled reduction at 0.03 GB/s, 14 s a call). A larger operand used only a few times
+# an element (weights dequantized for a decode step of a few rows) stays in a compiled loop.
+_BLAS_REUSE = 32
+
+
+def _blas_stores(product: Lazy, numel: int) -> bool:
+    """Whether a computed operand of ``numel`` elements of the BLAS product ``product`` is
+    stored for BLAS to read."""
+    return all(numel <= _under_movement(side).numel for side in product.srcs) or \
+        product.numel // max(numel, 1) >= _BLAS_REUSE
 
 
 def _store_costly_operands(spec: lower.KernelSpec) -> None:
@@ -629,8 +647,8 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
     for below in operands:
         limit = _FUSED_OPERAND_COST if not cpu else _FUSED_OPERAND_COST_CPU
         smaller = all(below.numel <= other.numel for other in operands)
-        if (blas or streamed) and smaller:
-            limit = 1  # the smaller side (activations, not weights dequantized in the loads)
+        if blas and _blas_stores(product, below.numel) or streamed and smaller:
+            limit = 1  # streamed: the smaller side, not weights dequantized in its loads
         elif not on_cpu and not tiled and smaller and (dequantized or (
                 below.numel // summed >= _FUSED_ROWS and product.dtype in (float16, bfloat16))):
             limit = _FUSED_ROWS_COST
@@ -683,15 +701,56 @@ def _keep_product_operands(root: Lazy, walk: list[Lazy], reduction: Lazy | None)
         for sum_ in _products_reading(at):
             if sum_ is reduction:
                 continue
-            if on_cpu:  # BLAS's products store their smaller operand when it is computed
+            if on_cpu:  # BLAS's products store their computed operands (_blas_stores)
                 product = sum_.srcs[0]
-                limit = 1 if _blas_product(product, set(sum_.arg)) and all(
-                    at.numel <= _under_movement(side).numel for side in product.srcs) else 0
+                limit = 1 if _blas_product(product, set(sum_.arg)) and \
+                    _blas_stores(product, at.numel) else 0
             else:
                 limit = _TILED_OPERAND_COST if _tiled_product(sum_) else 0
             if limit and _operand_cost(at, sum_, limit) >= limit:
                 at.keep = marked = True
                 break
+    return marked
+
+
+# The processor stores gathered values that a kernel broadcasts this many times or more where
+# computing one costs this much (elementwise ops, gathers 4): BERT's attention mask from its
+# token mask (gathers, int64 index arithmetic) was computed again for each of 12 heads x 128
+# queries in each of softmax's three passes, 15% of the model's time at batch 1. (Values
+# computed without a gather stay fused: weights dequantized inside a product, an optimizer's
+# bias corrections.)
+_BROADCAST_FACTOR, _BROADCAST_COST, _BROADCAST_WALK = 8, 6, 64
+
+
+def _store_broadcast_work(root: Lazy, walk: list[Lazy]) -> bool:
+    """Mark ``keep`` each value that the processor's kernel computing ``root`` (``walk``: the
+    nodes its signature walked) would compute again for every element it is broadcast to
+    (see _BROADCAST_FACTOR). Whether any was marked (the kernel is then planned again)."""
+    if _dialect(root.device) != "c":
+        return False
+    marked = False
+    for at in walk:
+        if at.op is not Op.EXPAND or at.realized or is_boundary(at, root):
+            continue
+        below = _under_movement(at.srcs[0])
+        if below is root or below.realized or is_boundary(below, root) or \
+                below.op not in ELEMENTWISE or at.numel < _BROADCAST_FACTOR * below.numel:
+            continue
+        # (the walk gives up past _BROADCAST_WALK nodes: planning stays linear in the kernel)
+        cost, seen, stack, reduced, gathers = 0, set(), [below], False, False
+        while stack and not reduced and len(seen) <= _BROADCAST_WALK:
+            n = stack.pop()
+            if id(n) in seen or n.realized or is_boundary(n, root):
+                continue
+            seen.add(id(n))
+            # a statistic of this kernel's own reduction (a norm's scale) stays in it
+            reduced = n.op in REDUCE
+            gathers |= n.op is Op.GATHER
+            if n.op in ELEMENTWISE or n.op is Op.GATHER:
+                cost += 4 if n.op in _COSTLY or n.op is Op.GATHER else 1
+            stack.extend(n.srcs)
+        if not stack and not reduced and gathers and cost >= _BROADCAST_COST:
+            below.keep = marked = True
     return marked
 
 

@@ -312,6 +312,11 @@ class Device:
     # the GPUs' 256 keeps every buffer as aligned as the kernels' vector accesses expect
     sub_buffer_align: int = 0
 
+    # whether jit may place a step's buffers as sub-buffers of one allocation (kernels then bind
+    # several ranges of one buffer, written and read): WebGPU validates a buffer bound writable
+    # as used by nothing else in the same dispatch, so its steps keep buffers of their own
+    arena_sub_buffers: bool = True
+
     def _sub_handle(self, handle: Any, offset: int, nbytes: int) -> Any:
         """A handle for ``nbytes`` bytes at ``offset`` inside ``handle``'s memory."""
         raise NotImplementedError

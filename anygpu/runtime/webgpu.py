@@ -511,6 +511,8 @@ class WebGPUDevice(Device):
     def sub_buffer_align(self) -> int:  # type: ignore[override]
         return max(256, _limit(self.gpu.limits, "min_storage_buffer_offset_alignment"))
 
+    arena_sub_buffers = False  # (see Device)
+
     def _sub_handle(self, handle: Any, offset: int, nbytes: int) -> Any:
         return _Range(handle, offset, _round4(nbytes))
 

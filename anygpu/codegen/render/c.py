@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from anygpu.codegen import ir
 from anygpu.codegen.render.cstyle import BASE_TYPES, RENDERERS, CStyleRenderer, walk, uses_dtype
-from anygpu.dtype import bfloat16, float16
+from anygpu.dtype import bfloat16, bool_, float16, float32
 
 # Helpers sit inside include guards, so that several kernels' sources can be compiled as one
 # file (runtime/cpu.py compiles the new kernels of a step together)
@@ -28,6 +28,30 @@ NANMAX = ("#ifndef ANYGPU_NANMAX\n#define ANYGPU_NANMAX\n"
           "initializer(omp_priv = -INFINITY)\n#endif")
 
 
+# the math functions that glibc's vector math library (libmvec) has in 8 and 16 lanes, declared
+# so that GCC calls those in vectorized loops; runtime/cpu.py defines ANYGPU_VECTOR_MATH and
+# links libmvec where it compiles and links
+VECTOR_MATH_OPS = {"exp2": "exp2f", "log2": "log2f", "sin": "sinf"}
+VECTOR_MATH = ("#if defined(ANYGPU_VECTOR_MATH) && !defined(ANYGPU_VECTOR_MATH_DECLARED)\n"
+               "#define ANYGPU_VECTOR_MATH_DECLARED\n"
+               + "".join(f"#pragma omp declare simd notinbranch\nfloat {fn}(float);\n"
+                         for fn in VECTOR_MATH_OPS.values())
+               + "#endif")
+
+# a float select whose arms read no memory beyond what its path has read already, as a blend of
+# the two values' bits: both are evaluated, and the loop vectorizes (kernels compile without
+# GCC's if-conversion, which leaves loops with branches scalar; see runtime/cpu.py). An arm
+# with a read of its own stays behind the branch: the condition may be what keeps it in range.
+BLEND = """\
+#ifndef ANYGPU_BLEND
+#define ANYGPU_BLEND
+static inline float anygpu_blend(int c, float a, float b) {
+  unsigned int ua, ub, m = 0u - (unsigned int)(c != 0);
+  memcpy(&ua, &a, 4); memcpy(&ub, &b, 4); ua = (ua & m) | (ub & ~m);
+  memcpy(&a, &ua, 4); return a; }
+#endif"""
+
+
 class CRenderer(CStyleRenderer):
     dialect = "c"
     restrict = "restrict"
@@ -46,7 +70,35 @@ class CRenderer(CStyleRenderer):
             # element of random data (ResNet-50's stem pooling at batch 1: 4.3 -> 3.5 ms)
             a, b = self.expr(e.srcs[0], True), self.expr(e.srcs[1], True)
             return self.wrap(f"((({a} > {b}) | ({a} != {a})) ? {a} : {b})", e.dtype)
+        if e.op == "where" and e.dtype == float32:
+            c = self.expr(e.srcs[0])
+            if not any(map(self.reads_memory, e.srcs[1:])):
+                a, b = self.expr(e.srcs[1]), self.expr(e.srcs[2])
+                self.needs_blend = True
+                return f"anygpu_blend({c}, {a}, {b})"
+            return self.select(c, self.expr(e.srcs[1]), self.expr(e.srcs[2]))
+        if e.op in VECTOR_MATH_OPS:
+            self.needs_vector_math = True
+        if e.op in ("and", "or") and e.srcs[0].dtype == bool_:
+            # both sides evaluated (they are values, never calls or reads), so that the
+            # compiler selects without a branch
+            a, b = self.expr(e.srcs[0]), self.expr(e.srcs[1])
+            return f"({a} {'&' if e.op == 'and' else '|'} {b})"
         return super().render_op(e)
+
+    def reads_memory(self, e: ir.Expr) -> bool:
+        """Whether evaluating ``e`` would read memory not read already on this path (a
+        select's arm that its condition may be what keeps in range)."""
+        if self.scope.lookup(e) is not None or not self.has_load(e):
+            return False
+        return e.op == "load" or any(map(self.reads_memory, e.srcs))
+
+    def has_load(self, e: ir.Expr) -> bool:
+        known = self.loads.get(id(e))
+        if known is None:
+            known = e.op == "load" or any(map(self.has_load, e.srcs))
+            self.loads[id(e)] = known
+        return known
 
     def emit_parallel(self, st: ir.For) -> None:
         clause = ""
@@ -64,11 +116,16 @@ class CRenderer(CStyleRenderer):
                    for st in walk(self.kernel.body))
 
     def render(self, kernel: ir.Kernel) -> str:
-        self.needs_nanmax = False
+        self.needs_nanmax = self.needs_blend = self.needs_vector_math = False
+        self.loads: dict[int, bool] = {}
         return super().render(kernel)
 
     def prelude(self, kernel: ir.Kernel) -> list[str]:
         lines = ["#include <math.h>", "#include <string.h>"]
+        if self.needs_vector_math:
+            lines.append(VECTOR_MATH)
+        if self.needs_blend:
+            lines.append(BLEND)
         if self.needs_nanmax:
             lines.append(NANMAX)
         if uses_dtype(kernel, bfloat16):
