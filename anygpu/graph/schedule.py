@@ -737,7 +737,8 @@ def _store_broadcast_work(root: Lazy, walk: list[Lazy]) -> bool:
                 below.op not in ELEMENTWISE or at.numel < _BROADCAST_FACTOR * below.numel:
             continue
         # (the walk gives up past _BROADCAST_WALK nodes: planning stays linear in the kernel)
-        cost, seen, stack, reduced, gathers = 0, set(), [below], False, False
+        seen: set[int] = set()
+        cost, stack, reduced, gathers = 0, [below], False, False
         while stack and not reduced and len(seen) <= _BROADCAST_WALK:
             n = stack.pop()
             if id(n) in seen or n.realized or is_boundary(n, root):
