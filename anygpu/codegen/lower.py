@@ -441,6 +441,10 @@ def _accumulate(stage: Stage, name: str) -> ir.Stmt:
 
 TemplateOptions = gemm.GemmOptions | mma.MmaOptions
 
+# the processor's products through BLAS (to_ir): multiply-adds in all, and in each product of a
+# batch (schedule._blas_product plans operands by the same rule)
+BLAS_MIN_MACS, BLAS_MIN_EACH = 1 << 21, 1 << 16
+
 
 def template_options(ast: KernelAST, dialect: str, max_local: int, features: dict,
                      level: int) -> list[TemplateOptions]:
@@ -486,8 +490,8 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
         # demo's small layers trained 10% slower through BLAS); a batch of products counts in
         # all where each has 64K or more (attention's heads: 12 of 128 x 128 x 64 in BERT-base
         # ran as a compiled reduction at 2.5 GFLOP/s)
-        if contraction is not None and contraction.flops >= 1 << 22 and \
-                contraction.M * contraction.N * contraction.K >= 1 << 16:
+        if contraction is not None and contraction.flops >= 2 * BLAS_MIN_MACS and \
+                contraction.M * contraction.N * contraction.K >= BLAS_MIN_EACH:
             plan = gemm.host_plan(ast, contraction)
             if plan is not None:
                 return _host_contraction(ast, plan, params, "gemm_" + sizes, contraction.flops)

@@ -284,8 +284,6 @@ def _arena(device: Device, bids: list[int], info: dict[int, tuple[int, Device]],
         offsets[bid] = at
         placed.append(bid)
         end = max(end, at + size[bid])
-    if not offsets:
-        return {}
     try:
         arena = device.alloc(end)
     except MemoryError:  # (OutOfMemoryError too)

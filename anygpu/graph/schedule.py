@@ -561,13 +561,14 @@ def _blas_product(product: Lazy, summed: set[int]) -> bool:
     as a compiled reduction: 2M multiply-adds in all and 64K or more in each product of a batch
     (``lower.to_ir``'s rule), and 16M (_UNFOLD_MIN) where an operand repeats its source (a
     convolution's overlapping windows, which _unfold_windows writes out)."""
-    if product.numel < 1 << 21 or len(product.srcs) != 2:
+    if product.numel < lower.BLAS_MIN_MACS or len(product.srcs) != 2:
         return False
     views = [side.srcs[0] if side.op is Op.EXPAND else side for side in product.srcs]
     own = [{a for a, n in enumerate(v.shape) if n != 1} for v in views]
     batch = math.prod(product.shape[a] for a in own[0] & own[1] - summed)
     repeats = any(v.numel > _under_movement(v).numel for v in views)
-    return product.numel // batch >= 1 << 16 and (not repeats or product.numel >= _UNFOLD_MIN)
+    return product.numel // batch >= lower.BLAS_MIN_EACH and \
+        (not repeats or product.numel >= _UNFOLD_MIN)
 
 
 # BLAS reads its operands as buffers: a computed operand of a BLAS product is stored where it is

@@ -261,6 +261,11 @@ _LADDER = [GemmOptions(128, 64, 8, 8, 8), GemmOptions(64, 64, 16, 8, 8, min_bloc
            GemmOptions(64, 32, 16, 8, 4, slices=2)]
 
 
+def _all_of(checks: list[ir.Expr]) -> ir.Expr:
+    """The conjunction of one or two bounds checks."""
+    return checks[0] if len(checks) == 1 else ir.alu("and", *checks)
+
+
 def _tiles(c: Contraction, opts: GemmOptions) -> int:
     return math.prod(d[1] for d in c.batch) * -(-c.M // opts.block_m) * -(-c.N // opts.block_n)
 
@@ -387,8 +392,7 @@ class Tiling:
                               self.c.ks, clamped(kg, K) if K % BK else kg)
             v = ir.cast(ir.substitute(value, env), self.acc_dtype)
             if checks:
-                inside = checks[0] if len(checks) == 1 else ir.alu("and", *checks)
-                v = ir.alu("where", inside, v, ir.const(0, self.acc_dtype))
+                v = ir.alu("where", _all_of(checks), v, ir.const(0, self.acc_dtype))
             if total % self.threads:
                 v = ir.alu("where", ir.alu("lt", e, const(total)), v, ir.const(0, self.acc_dtype))
             out.append((local_index(kk, oo), v, e))
@@ -449,8 +453,7 @@ class Tiling:
         checks += [ir.alu("lt", col, self.const(self.c.N))] if self.c.N % self.BN else []
         if not checks:  # the tiles divide the output
             return ir.Store("b0", index, value)
-        return ir.If(checks[0] if len(checks) == 1 else ir.alu("and", *checks),
-                     [ir.Store("b0", index, value)])
+        return ir.If(_all_of(checks), [ir.Store("b0", index, value)])
 
     def kernel(self, name: str, params: list[ir.Param], body: list[ir.Stmt],
                meta: dict) -> ir.Kernel:
