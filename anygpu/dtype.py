@@ -12,8 +12,12 @@ from dataclasses import dataclass
 import numpy as np
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class DType:
+    """One instance per type (the module's constants; copies and pickles give them back), so
+    equality and hashing are by identity, in C: graph building and the kernel caches compare
+    and hash dtypes at every node."""
+
     name: str
     itemsize: int
     kind: str  # "b" bool, "u" unsigned int, "i" signed int, "f" float
@@ -22,6 +26,9 @@ class DType:
 
     def __repr__(self) -> str:
         return f"anygpu.{self.name}"
+
+    def __reduce__(self) -> tuple:
+        return (_by_name, (self.name,))
 
     @property
     def is_float(self) -> bool:
@@ -57,6 +64,12 @@ _BY_NAME = {d.name: d for d in ALL} | {"half": float16, "float": float32, "int":
                                        "long": int64, "bf16": bfloat16, "f32": float32,
                                        "f16": float16, "i32": int32, "i64": int64, "i8": int8,
                                        "u8": uint8}
+
+
+
+def _by_name(name: str) -> DType:
+    return _BY_NAME[name]
+
 
 default_float = float32
 default_int = int64

@@ -278,6 +278,10 @@ class Tensor:
 
     def _operands(self, other: TensorLike, reverse: bool = False,
                   out_dtype: DType | None = None) -> tuple["Tensor", "Tensor"]:
+        if isinstance(other, Tensor) and out_dtype is None:
+            a, b = self.lazy, other.lazy
+            if a.dtype is b.dtype and a.shape == b.shape and a.device == b.device:
+                return (other, self) if reverse else (self, other)  # nothing to promote
         if isinstance(other, Tensor):
             d = dt.promote_tensors(self.dtype, self.ndim == 0, other.dtype, other.ndim == 0)
             if other.device != self.device:
@@ -289,7 +293,9 @@ class Tensor:
             if d.is_int and isinstance(other, (int, np.integer)) and not isinstance(other, bool):
                 other = dt.wrap_int(int(other), d)  # an integer scalar wraps, as in PyTorch
             a = self.cast(d)
-            b = Tensor(Lazy.const(other, (), d, self.device))
+            # made in the broadcast shape at once (a constant's views fold to a constant)
+            b = Tensor(Lazy.const(other, a.shape, d, self.device))
+            return (b, a) if reverse else (a, b)
         else:
             return self._operands(Tensor(other, device=self.device), reverse, out_dtype)
         a, b = _broadcast(a, b)
@@ -1336,6 +1342,8 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _broadcast(*ts: Tensor) -> tuple[Tensor, ...]:
+    if len(ts) == 2 and ts[0].lazy.shape == ts[1].lazy.shape:
+        return ts
     shape = broadcast_shapes(*(t.shape for t in ts))
     return tuple(t.expand(shape) if t.shape != shape else t for t in ts)
 

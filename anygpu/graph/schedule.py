@@ -26,6 +26,7 @@ from anygpu.codegen.render.cstyle import render
 from anygpu.codegen.render.wgsl import launch_groups
 from anygpu.dtype import DType, bfloat16, float16, float32
 from anygpu.dtype import int32 as dt_int32
+from anygpu.graph import plans
 from anygpu.graph.lazy import (Lazy, contiguous_run, is_boundary, is_view_of_buffer,
                                pending_readers)
 from anygpu.ops.linalg import get_float32_matmul_precision
@@ -57,16 +58,33 @@ Item = KernelItem | CopyItem
 
 
 def schedule(outputs: Sequence[Lazy]) -> list[Item]:
-    """The kernels and copies that realize ``outputs``, dependencies first."""
-    items: list[Item] = []
-    planned: set[int] = set()
+    """The kernels and copies that realize ``outputs``, dependencies first: planned once per
+    graph structure (``plans``), then replayed for every graph of that structure."""
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 20000))
     try:
-        for out in outputs:
-            _visit(out, items, planned)
+        if recording is not None:  # jit records once (and reads rows otherwise, see row_slice)
+            return _plan_items(outputs)
+        walk = plans.walk(outputs, (config.get(), get_float32_matmul_precision()))
+        plan = plans.find(walk)
+        if plan is not None:
+            return [CopyItem(out) if step.ast is None else
+                    KernelItem(_with_nodes(step.ast, out, inputs), step.signature, fused)
+                    for step, out, inputs, fused in plans.replay(plan, walk)]
+        items = _plan_items(outputs)
+        plans.store(walk, [(item.output, [], [], None, ()) if isinstance(item, CopyItem) else
+                           (item.output, item.ast.inputs, item.fused, _template(item.ast),
+                            item.signature) for item in items])
+        return items
     finally:
         sys.setrecursionlimit(limit)
+
+
+def _plan_items(outputs: Sequence[Lazy]) -> list[Item]:
+    items: list[Item] = []
+    planned: set[int] = set()
+    for out in outputs:
+        _visit(out, items, planned)
     return items
 
 
@@ -99,8 +117,7 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
             _ast_cache.pop(next(iter(_ast_cache)))
     else:
         template, positions = cached
-        ast = dataclasses.replace(template, output=node, inputs=[walk[i] for i in positions],
-                                  lins=[])
+        ast = _with_nodes(template, node, [walk[i] for i in positions])
     # 8 buffers every device binds (WebGPU's guaranteed minimum): only then ask the device
     if len(ast.inputs) >= 8 and len(ast.inputs) + 1 > get_device(node.device).max_kernel_buffers:
         _cut_to_buffer_limit(node, ast.inputs, get_device(node.device).max_kernel_buffers)
@@ -774,6 +791,14 @@ def _template(ast: lower.KernelAST) -> lower.KernelAST:
     return dataclasses.replace(ast, output=None, inputs=[], lins=[])  # type: ignore[arg-type]
 
 
+def _with_nodes(template: lower.KernelAST, output: Lazy, inputs: list[Lazy]) -> lower.KernelAST:
+    """A cached template with a graph's nodes filled in (``dataclasses.replace``, faster)."""
+    ast = object.__new__(lower.KernelAST)
+    ast.__dict__.update(template.__dict__)
+    ast.output, ast.inputs, ast.lins = output, inputs, []
+    return ast
+
+
 def row_slice(node: Lazy) -> tuple[Lazy, int, int, int] | None:
     """(buffer node, byte offset, bytes, skip) where ``node`` is a shrink that reads one
     contiguous run of realized memory (``lazy.contiguous_run``: rows ``x[i:i + n]``, rows of
@@ -834,20 +859,18 @@ def _signature(root: Lazy, spec: lower.KernelSpec) -> tuple[tuple, list[Lazy], d
         if not stop and node.op in REDUCE and node is not root and (
                 node.srcs[0].shape != spec.shape or node.arg != spec.reduce_axes):
             # choose_spec reads these fields of the reductions it meets
-            part: tuple = ("reduced", node.op, node.shape, node.dtype, node.srcs[0].shape,
-                           node.arg)
+            part: tuple = ("reduced", node.op, node.shape, node.dtype.name,
+                           node.srcs[0].shape, node.arg)
         elif rows is not None:
             leaves[id(node)] = rows[3]
-            part = ("rows", node.shape, node.dtype, rows[3])
+            part = ("rows", node.shape, node.dtype.name, rows[3])
         elif stop:
-            part = ("leaf", node.shape, node.dtype, node.op is Op.COPY,
+            part = ("leaf", node.shape, node.dtype.name, node.op is Op.COPY,
                            buffer_first.setdefault(id(node.buffer), len(walk))
                            if node.buffer is not None else -1)
         else:
             srcs = tuple(visit(s) for s in node.srcs)
-            # floats by their text, as ir.Expr keys them (NaN, and the sign of zero)
-            arg = repr(node.arg) if isinstance(node.arg, float) else node.arg
-            part = (node.op, node.shape, node.dtype, arg, srcs)
+            part = (node.op, node.shape, node.dtype.name, plans.key_arg(node.arg), srcs)
         index[id(node)] = len(walk)
         walk.append(node)
         parts.append(part)
@@ -997,6 +1020,20 @@ def _record(step: Launch | DeviceCopy | TransferCopy) -> None:
 _compiled: dict[tuple, tuple[Program, ir.Kernel]] = {}
 
 
+_features: dict[str, tuple[object, str, dict, tuple]] = {}
+
+
+def _features_of(device: Device) -> tuple[dict, tuple]:
+    """``device_features`` and their key, computed again only when the settings change."""
+    settings, precision = config.get(), get_float32_matmul_precision()
+    hit = _features.get(device.name)
+    if hit is None or hit[0] is not settings or hit[1] != precision:
+        features = device_features(device)
+        hit = _features[device.name] = (settings, precision, features,
+                                        tuple(sorted(features.items())))
+    return hit[2], hit[3]
+
+
 def device_features(device: Device) -> dict:
     """What ``lower.to_ir`` may use of ``device`` beyond its dialect (see its docstring)."""
     extra = device.info.extra
@@ -1018,8 +1055,8 @@ def device_features(device: Device) -> dict:
 _rendered: dict[tuple, tuple[ir.Kernel, str]] = {}
 
 
-def _key(item: KernelItem, device: Device, features: dict) -> tuple:
-    return (item.signature, device.name, tuple(sorted(features.items())))
+def _key(item: KernelItem, device: Device, features: tuple) -> tuple:
+    return (item.signature, device.name, features)
 
 
 def _lower(item: KernelItem, device: Device, features: dict,
@@ -1049,16 +1086,16 @@ def _prebuild(items: Sequence[Item]) -> None:
     if len(items) < 2:
         return
     todo: dict[Device, list[tuple[str, str]]] = {}
-    devices: dict[str, tuple[Device, dict]] = {}
+    devices: dict[str, tuple[Device, dict, tuple]] = {}
     for item in items:
         if not isinstance(item, KernelItem) or item.output.realized or not item.signature:
             continue
         name = item.ast.output.device
         if name not in devices:
             device = get_device(name)
-            devices[name] = (device, device_features(device))
-        device, features = devices[name]
-        key = _key(item, device, features)
+            devices[name] = (device, *_features_of(device))
+        device, features, feature_key = devices[name]
+        key = _key(item, device, feature_key)
         if key in _compiled or key in _rendered:
             continue
         if tune.level() > 0 and gemm.match(item.ast) is not None:
@@ -1082,8 +1119,8 @@ def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
     ast = item.ast
     node = ast.output
     device = get_device(node.device)
-    features = device_features(device)
-    key = _key(item, device, features)
+    features, feature_key = _features_of(device)
+    key = _key(item, device, feature_key)
     hit = _compiled.get(key) if item.signature else None
     if hit is None:
         ready = _rendered.pop(key, None)
