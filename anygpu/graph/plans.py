@@ -24,7 +24,9 @@ from anygpu.dtype import DType
 from anygpu.graph.lazy import Lazy
 from anygpu.ops.primitives import Op
 
-MAX_PLANS = 2048  # schedules kept (a training step of ResNet-18 makes about 180)
+# Plans kept at most, counted by the graph nodes their keys describe (about 170 bytes each): a
+# training step of ResNet-18 makes about 180 plans over 6,500 nodes. The oldest go first.
+MAX_NODES = 1 << 18
 
 
 @dataclass
@@ -58,6 +60,7 @@ class Plan:
 
 
 _plans: dict[tuple, Plan] = {}
+_kept_nodes = 0
 # The key holds plain values only (ints, strings, tuples of them): hashed in C, and left alone
 # by Python's garbage collector once it has seen them (ops and dtypes are objects it tracks).
 _CODES = {op: i for i, op in enumerate(Op)}
@@ -158,12 +161,16 @@ def store(w: Walk, items: list[tuple[Lazy, Sequence[Lazy], Sequence[Lazy], Any, 
         return
     finally:
         ref = None  # type: ignore[assignment]  # break the closure's cycle
+    global _kept_nodes
     try:
         _plans[w.key] = Plan(made, rewired, tuple(kept), steps)
     except TypeError:
         return
-    if len(_plans) > MAX_PLANS:
-        _plans.pop(next(iter(_plans)))
+    _kept_nodes += len(w.nodes)
+    while _kept_nodes > MAX_NODES and len(_plans) > 1:
+        oldest = next(iter(_plans))
+        _kept_nodes -= len(oldest[2])
+        del _plans[oldest]
 
 
 def replay(plan: Plan, w: Walk) -> list[tuple[Step, Lazy, list[Lazy], list[Lazy]]]:
@@ -192,4 +199,6 @@ def replay(plan: Plan, w: Walk) -> list[tuple[Step, Lazy, list[Lazy], list[Lazy]
 
 
 def clear() -> None:
+    global _kept_nodes
     _plans.clear()
+    _kept_nodes = 0

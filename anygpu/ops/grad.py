@@ -379,7 +379,7 @@ def _toposort(root: "Tensor") -> list["Tensor"]:
 def backward(root: "Tensor", gradient: "Tensor | None" = None,
              retain_graph: bool = False) -> None:
     """Accumulate d(root)/d(leaf) into ``leaf.grad`` for every leaf that requires gradients."""
-    from anygpu.tensor import Tensor
+    from anygpu.tensor import Tensor, realize
 
     if not root.requires_grad:
         raise RuntimeError("backward() on a tensor that does not require grad (no input "
@@ -394,6 +394,7 @@ def backward(root: "Tensor", gradient: "Tensor | None" = None,
     if gradient.shape != root.shape:
         raise ValueError(f"gradient shape {gradient.shape} does not match output {root.shape}")
     grads: dict[int, Tensor] = {id(root): gradient}
+    leaves: list[Tensor] = []
     with no_grad():
         for t in reversed(_toposort(root)):
             g = grads.pop(id(t), None)
@@ -401,6 +402,7 @@ def backward(root: "Tensor", gradient: "Tensor | None" = None,
                 continue
             if t._ctx is None:
                 t.grad = g if t.grad is None else t.grad + g
+                leaves.append(t)
                 continue
             op, parents, arg = t._ctx
             if op in NOT_DIFFERENTIABLE:
@@ -417,3 +419,9 @@ def backward(root: "Tensor", gradient: "Tensor | None" = None,
                 grads[id(p)] = pg if prev is None else prev + pg
             if not retain_graph:
                 t._ctx = None
+    # The gradients are computed now, as PyTorch's backward does, the leaves nearest the output
+    # first: each layer's weight gradient then runs right after the gradient of its output, which
+    # dies with it. Left to the optimizer, realized parameter by parameter from the first layer,
+    # every layer's output gradient and saved input stayed alive until its own parameter's turn
+    # (a training step's peak memory about twice PyTorch's).
+    realize(*(t.grad for t in leaves if t.grad is not None))

@@ -32,6 +32,7 @@ class BackendUnavailable(DeviceError):
 
 
 _devices: dict[str, Device] = {}
+_named: dict[str, Device] = {}  # each name asked for, as given ("cuda", "cuda:0")
 _lock = threading.RLock()
 
 
@@ -84,6 +85,10 @@ cpu_only_reason: str | None = None
 
 def get_device(name: "str | Device | None" = None) -> Device:
     """The :class:`Device` for a device string (default: ``ANYGPU_DEVICE``, else ``"cpu"``)."""
+    if not cpu_only_reason and type(name) is str:
+        hit = _named.get(name)  # every graph node names its device: asked once per kernel
+        if hit is not None:
+            return hit
     if isinstance(name, Device):
         if not cpu_only_reason:
             return name
@@ -103,6 +108,8 @@ def get_device(name: "str | Device | None" = None) -> Device:
             if index >= count:
                 raise BackendUnavailable(f"{key}: no such device ({backend} has {count})")
             _devices[key] = module.DEVICE(index)
+        if type(name) is str:
+            _named[name] = _devices[key]
         return _devices[key]
 
 

@@ -138,3 +138,19 @@ def test_jit_recording_plans_afresh(planned: list[int]) -> None:
     for _ in range(3):
         step(x).realize()
     assert planned[0] == 2  # the recording (the first call took the kept plan, replays none)
+
+
+def test_plans_kept_are_bounded_by_the_nodes_they_describe(
+        planned: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    plans.clear()
+    monkeypatch.setattr(plans, "MAX_NODES", 40)
+    x = ag.tensor(np.linspace(-1, 1, 16, dtype=np.float32))
+    for k in range(12):  # twelve structures (another constant each) of five nodes
+        np.testing.assert_allclose(((x + k) * 2).numpy(), (np.linspace(-1, 1, 16) + k) * 2,
+                                   rtol=1e-6)
+    assert planned[0] == 12
+    assert 1 <= len(plans._plans) <= 10 and plans._kept_nodes <= 40
+    ((x + 11) * 2).numpy()  # the newest is kept
+    assert planned[0] == 12
+    ((x + 0) * 2).numpy()  # the oldest went first
+    assert planned[0] == 13
