@@ -7,8 +7,8 @@ to realized memory, into a key: each node's op, shape, dtype, argument, device, 
 sources (by position), each realized node by its shape, dtype and which other leaves share its
 buffer. A key seen before gives back the schedule made for it (``Plan``): its kernels (lowered
 templates without graph nodes, the nodes they read and write by position), the nodes the
-scheduler made (partial sums, unfolded windows) and the changes it made to the graph (sources
-rewritten, nodes marked ``keep``), which ``replay`` applies to the new graph as the scheduler
+scheduler made (partial sums, unfolded windows) and the changes it made to the graph (ops and
+sources rewritten, nodes marked ``keep``), which ``replay`` applies to the new graph as the scheduler
 would have. Everything the scheduler decides from is in the key, except how many other
 computations hold a node (``Lazy.consumers``, which only sways where a kernel stores an
 operand): a replayed plan computes the same values either way.
@@ -54,7 +54,7 @@ class Step:
 @dataclass
 class Plan:
     made: list[tuple]  # new nodes, sources first: (op, source refs, arg, shape, dtype, device, keep)
-    rewired: list[tuple[int, tuple[int, ...], Any]]  # (node, its new source refs, its new arg)
+    rewired: list[tuple[int, Op, tuple[int, ...], Any]]  # (node, its new op, sources, arg)
     kept: tuple[int, ...]  # walked nodes the scheduler marked keep
     steps: list[Step]
 
@@ -153,8 +153,9 @@ def store(w: Walk, items: list[tuple[Lazy, Sequence[Lazy], Sequence[Lazy], Any, 
             if len(part) == 4:  # realized
                 continue
             srcs = tuple(ref(s) for s in node.srcs)
-            if srcs != part[6] or key_arg(node.arg) != part[3]:  # rewritten by the scheduler
-                rewired.append((at, srcs, node.arg))
+            # rewritten by the scheduler
+            if srcs != part[6] or key_arg(node.arg) != part[3] or _CODES[node.op] != part[0]:
+                rewired.append((at, node.op, srcs, node.arg))
             if node.keep and not part[5]:
                 kept.append(at)
     except _Unplanned:
@@ -183,13 +184,13 @@ def replay(plan: Plan, w: Walk) -> list[tuple[Step, Lazy, list[Lazy], list[Lazy]
                     dtype, device)
         node.keep = keep
         made.append(node)
-    for at, srcs, arg in plan.rewired:
+    for at, op, srcs, arg in plan.rewired:
         node = nodes[at]
         new = tuple(nodes[s] if s >= 0 else made[~s] for s in srcs)
         for s in new:
             if not any(s is old for old in node.srcs):
                 s.consumers.append(weakref.ref(node))
-        node.srcs, node.arg = new, arg
+        node.op, node.srcs, node.arg = op, new, arg
     for at in plan.kept:
         nodes[at].keep = True
     return [(step, nodes[step.output] if step.output >= 0 else made[~step.output],

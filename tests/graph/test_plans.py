@@ -16,6 +16,7 @@ from anygpu.graph import schedule as sched
 from anygpu.graph.lazy import Lazy
 from anygpu.nn import functional as F
 from anygpu.ops.primitives import Op
+from anygpu.runtime.registry import get_device
 
 
 @pytest.fixture
@@ -154,3 +155,30 @@ def test_plans_kept_are_bounded_by_the_nodes_they_describe(
     assert planned[0] == 12
     ((x + 0) * 2).numpy()  # the oldest went first
     assert planned[0] == 13
+
+
+def test_a_replayed_16_bit_split_becomes_the_cast_of_its_partials(
+        device: str, planned: list[int]) -> None:
+    """A bfloat16 (or float16) sum with few outputs splits on GPUs into float32 partials and
+    becomes a cast of their sum (an op the scheduler rewrote): replayed, the same."""
+    dtype = next((d for d in (ag.bfloat16, ag.float16) if get_device(device).supports(d)), None)
+    if dtype is None:
+        pytest.skip(f"{device} has no 16-bit float type")
+    plans.clear()
+    rng = np.random.default_rng(8)
+    ops = []
+    for _ in range(3):
+        x = ag.tensor(rng.standard_normal((6, 50000)).astype(np.float32), device=device)
+        x = x.cast(dtype).realize()
+        total = x.sum(1)
+        before = planned[0]
+        items = sched.schedule([total.lazy])
+        node = total.lazy.srcs[0]  # the sum under the view that drops its axis
+        ops.append((node.op, len(items), planned[0] - before))
+        sched.run(items)
+        want = x.float().numpy().astype(np.float64).sum(1)
+        np.testing.assert_allclose(total.float().numpy(), want, rtol=2 ** -7, atol=1e-3)
+    assert [planned for _, _, planned in ops] == [1, 0, 0]
+    assert ops[0][:2] == ops[1][:2] == ops[2][:2]
+    if not device.startswith("cpu"):
+        assert ops[0][:2] == (Op.CAST, 2)
