@@ -189,8 +189,10 @@ _FEW_FROM, _FEW_MIN = 2048, 256
 
 
 def _sum_below(node: Lazy) -> Lazy | None:
-    """The unrealized sum ``node`` is, or is a view of; None if it is something else."""
-    while node.op in MOVEMENT and not node.realized:
+    """The unrealized sum ``node`` is, or is a view or a cast of; None if it is something else.
+    (Under autocast a weight's gradient is the float32 cast of a bfloat16 sum: a kernel whose
+    reduction is its output, cast, and so never stored apart and split.)"""
+    while (node.op in MOVEMENT or node.op is Op.CAST) and not node.realized:
         node = node.srcs[0]
     return node if node.op is Op.SUM and not node.realized else None
 

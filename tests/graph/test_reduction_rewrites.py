@@ -58,6 +58,11 @@ def test_small_sums_and_many_outputs_stay_whole(device: str) -> None:
     assert _kernels(ag.tensor(_rand((4096, 64), 4), device=device).sum(1)) == 1
 
 
+def eps_of(dtype: str) -> float:
+    """The relative size of a 16-bit result's one rounding."""
+    return 2.0 ** (-8 if dtype == "bfloat16" else -11)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_16_bit_sums_split_into_float32_partials(device: str, dtype: str) -> None:
     """A float16 or bfloat16 sum with few outputs splits like a float32 one, its partial sums
@@ -71,9 +76,14 @@ def test_16_bit_sums_split_into_float32_partials(device: str, dtype: str) -> Non
     items = [i for i in schedule([out.lazy]) if isinstance(i, KernelItem)]
     if _splits(device):
         assert len(items) == 2 and items[0].ast.output.dtype == ag.float32
+    wide = x.sum(1).float()  # the float32 cast of the sum (autocast's weight gradients)
+    items = [i for i in schedule([wide.lazy]) if isinstance(i, KernelItem)]
+    if _splits(device):
+        assert len(items) == 2 and items[0].ast.output.dtype == ag.float32
     rounded = x.float().numpy().astype(np.float64)
+    np.testing.assert_allclose(wide.numpy(), rounded.sum(1), rtol=eps_of(dtype), atol=1e-3)
     got = out.float().numpy()
-    eps = 2.0 ** (-8 if dtype == "bfloat16" else -11)  # the result's one rounding
+    eps = eps_of(dtype)
     np.testing.assert_allclose(got, rounded.sum(1), rtol=eps, atol=1e-3)
     # a convolution's weight gradient: 64 outputs of 3 x 3 windows over 4 x 56 x 56 pixels
     xs, gs = _rand((4, 8, 56, 56), 22), _rand((4, 16, 56, 56), 23)
