@@ -279,8 +279,9 @@ class Tensor:
     def _operands(self, other: TensorLike, reverse: bool = False,
                   out_dtype: DType | None = None) -> tuple["Tensor", "Tensor"]:
         if isinstance(other, Tensor) and out_dtype is None:
-            a, b = self.lazy, other.lazy
-            if a.dtype is b.dtype and a.shape == b.shape and a.device == b.device:
+            mine, theirs = self.lazy, other.lazy
+            if mine.dtype is theirs.dtype and mine.shape == theirs.shape and \
+                    mine.device == theirs.device:
                 return (other, self) if reverse else (self, other)  # nothing to promote
         if isinstance(other, Tensor):
             d = dt.promote_tensors(self.dtype, self.ndim == 0, other.dtype, other.ndim == 0)

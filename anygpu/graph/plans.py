@@ -7,9 +7,9 @@ to realized memory, into a key: each node's op, shape, dtype, argument, device, 
 sources (by position), each realized node by its shape, dtype and which other leaves share its
 buffer. A key seen before gives back the schedule made for it (``Plan``): its kernels (lowered
 templates without graph nodes, the nodes they read and write by position), the nodes the
-scheduler made (partial sums, unfolded windows) and the changes it made to the graph (ops and
-sources rewritten, nodes marked ``keep``), which ``replay`` applies to the new graph as the scheduler
-would have. Everything the scheduler decides from is in the key, except how many other
+scheduler made (partial sums, unfolded windows) and the changes it made to the graph (ops
+and sources rewritten, nodes marked ``keep``), which ``replay`` applies to the new graph as
+the scheduler would have. Everything the scheduler decides from is in the key, except how many other
 computations hold a node (``Lazy.consumers``, which only sways where a kernel stores an
 operand): a replayed plan computes the same values either way.
 """
@@ -53,7 +53,8 @@ class Step:
 
 @dataclass
 class Plan:
-    made: list[tuple]  # new nodes, sources first: (op, source refs, arg, shape, dtype, device, keep)
+    # new nodes, sources first: (op, source refs, arg, shape, dtype, device, keep)
+    made: list[tuple]
     rewired: list[tuple[int, Op, tuple[int, ...], Any]]  # (node, its new op, sources, arg)
     kept: tuple[int, ...]  # walked nodes the scheduler marked keep
     steps: list[Step]

@@ -106,7 +106,7 @@ def test_replayed_plans_rewrite_the_new_graph_as_the_scheduler_did(
     plans.clear()
     rng = np.random.default_rng(6)
     shapes = []
-    for step in range(3):
+    for _ in range(3):
         x_host = rng.standard_normal((6, 50000)).astype(np.float32)
         w_host = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
         i_host = rng.standard_normal((2, 16, 48, 48)).astype(np.float32)
