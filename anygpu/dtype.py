@@ -66,7 +66,6 @@ _BY_NAME = {d.name: d for d in ALL} | {"half": float16, "float": float32, "int":
                                        "u8": uint8}
 
 
-
 def _by_name(name: str) -> DType:
     return _BY_NAME[name]
 

@@ -84,3 +84,18 @@ def test_properties() -> None:
     assert dt.bool_.is_bool and not dt.bool_.is_int
     assert repr(dt.bfloat16) == "anygpu.bfloat16"
     assert [d.itemsize for d in dt.PUBLIC] == [1, 1, 1, 4, 8, 2, 2, 4]
+
+
+def test_dtypes_are_single_instances_through_copies_and_pickles() -> None:
+    """Equality and hashing of dtypes are by identity (graph building and the kernel caches
+    compare them at every node), so copies and pickles must give the module's instances."""
+    import copy
+    import pickle
+
+    from anygpu import dtype as dt
+
+    for d in dt.ALL:
+        assert copy.copy(d) is d and copy.deepcopy(d) is d
+        assert pickle.loads(pickle.dumps(d)) is d
+        assert dt.to_dtype(d.name) is d and {d: 1}[dt.to_dtype(d.name)] == 1
+    assert dt.float16 != dt.bfloat16 and len(set(dt.ALL)) == len(dt.ALL)

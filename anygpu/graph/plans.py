@@ -62,8 +62,9 @@ class Plan:
 
 _plans: dict[tuple, Plan] = {}
 _kept_nodes = 0
-# The key holds plain values only (ints, strings, tuples of them): hashed in C, and left alone
-# by Python's garbage collector once it has seen them (ops and dtypes are objects it tracks).
+# The nodes' parts of the key hold plain values only (ints, strings, tuples of them): hashed in
+# C, and left alone by Python's garbage collector once it has seen them (ops and dtypes are
+# objects it tracks). The settings (a frozen dataclass) are the one object in a key.
 _CODES = {op: i for i, op in enumerate(Op)}
 
 

@@ -955,7 +955,8 @@ def run(items: list[Item]) -> None:
     """Run ``items`` in order. The list is consumed: each item is dropped from it once it ran,
     so that the buffers it read are freed as soon as nothing else reads them (a backward pass
     realized as one schedule had kept every layer's output gradient until its last kernel:
-    twice PyTorch's peak memory for MobileNet-V2's training step)."""
+    MobileNet-V2's step without jit, batch 4 at 64 x 64 on the processor, peaked at 145 MiB
+    rather than 81)."""
     if refuse_reason and any(not item.output.realized for item in items):
         raise RuntimeError(refuse_reason)
     _prebuild(items)
