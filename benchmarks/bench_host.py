@@ -8,14 +8,14 @@ A step is ``zero_grad``, the model, cross-entropy, ``backward`` and Adam's ``ste
 loss realized. On a GPU the launches are queued without waiting, so the host time is the step's
 time until it returns, before the device is synchronized; on the processor the kernels run in
 the calling thread, so the host time is the step's time less the time spent in the kernels'
-calls. Printed: the kernels of a step, the median host time of a step and per kernel, and the
-step with its synchronize.
+calls (``anygpu.cli.bench.host_per_kernel``, which ``anygpu bench --no-jit`` prints too).
+Printed: the kernels of a step, the median host time of a step and per kernel, and the step
+with its synchronize.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import anygpu as ag  # noqa: E402
 from anygpu import models  # noqa: E402
-from anygpu.graph import schedule  # noqa: E402
+from anygpu.cli.bench import host_per_kernel  # noqa: E402
 from anygpu.nn import functional as F  # noqa: E402
 
 
@@ -39,16 +39,6 @@ def measure(name: str, device: str, batch: int, size: int, steps: int) -> None:
     rng = np.random.default_rng(0)
     x = ag.tensor(rng.standard_normal((batch, 3, size, size), np.float32), device=dev.name)
     y = ag.tensor(rng.integers(0, 10, batch), device=dev.name)
-    in_kernels = [0.0, 0]  # seconds inside kernel calls, calls
-    launch = schedule.Launch.__call__
-
-    def counted(self: schedule.Launch, wait: bool = False) -> float | None:
-        start = time.perf_counter()
-        try:
-            return launch(self, wait)
-        finally:
-            in_kernels[0] += time.perf_counter() - start
-            in_kernels[1] += 1
 
     def step() -> None:
         opt.zero_grad()
@@ -57,28 +47,18 @@ def measure(name: str, device: str, batch: int, size: int, steps: int) -> None:
         opt.step()
         loss.realize()
 
-    schedule.Launch.__call__ = counted  # type: ignore[method-assign]
-    try:
-        for _ in range(4):  # compiles, then the steady state
-            step()
-            dev.synchronize()
-        host, wall = [], []
-        for _ in range(steps):
-            in_kernels[:] = [0.0, 0]
-            dev.synchronize()
-            start = time.perf_counter()
-            step()
-            returned = time.perf_counter() - start
-            dev.synchronize()
-            wall.append(time.perf_counter() - start)
-            host.append(returned - in_kernels[0] if dev.info.is_cpu else returned)
-    finally:
-        schedule.Launch.__call__ = launch  # type: ignore[method-assign]
-    kernels = in_kernels[1]
-    ms = statistics.median(host) * 1e3
+    for _ in range(4):  # compiles, then the steady state
+        step()
+        dev.synchronize()
+    start = time.perf_counter()
+    for _ in range(3):
+        step()
+    dev.synchronize()
+    wall = (time.perf_counter() - start) / 3
+    host, kernels = host_per_kernel(step, dev, steps)
     print(f"{name:12s} {dev.name:8s} batch {batch:3d} size {size:3d}  {kernels:5d} kernels  "
-          f"host {ms:7.1f} ms ({ms / max(kernels, 1) * 1e3:5.0f} us/kernel)  "
-          f"step {statistics.median(wall) * 1e3:7.1f} ms", flush=True)
+          f"host {host * 1e3:7.1f} ms ({host / max(kernels, 1) * 1e6:5.0f} us/kernel)  "
+          f"step {wall * 1e3:7.1f} ms", flush=True)
 
 
 def main() -> int:

@@ -49,6 +49,10 @@ class Row:
     images_per_s: float
     peak_mib: float | None  # None where the framework cannot say (PyTorch on the processor)
     ratio: float | None = None  # anygpu's time over PyTorch's, on anygpu's rows with --compare
+    # without jit: the kernels of a step and the host time per kernel (graph building,
+    # scheduling, launching), see ``host_per_kernel``
+    kernels: int | None = None
+    host_us_per_kernel: float | None = None
 
 
 # ---- anygpu ------------------------------------------------------------------------------------
@@ -158,8 +162,47 @@ def run_anygpu(mode: str, model_name: str, batch: int, size: int, device: str, s
     if profile:
         _profile_steps(timed, profile)
     ms = statistics.median(times) * 1e3
-    return Row("anygpu", dev.name, mode, model_name, precision, batch, size, steps, use_jit,
-               first, ms, batch / ms * 1e3, peak)
+    row = Row("anygpu", dev.name, mode, model_name, precision, batch, size, steps, use_jit,
+              first, ms, batch / ms * 1e3, peak)
+    if not use_jit:
+        host, row.kernels = host_per_kernel(lambda: run(x, y).realize(), dev, min(steps, 5))
+        row.host_us_per_kernel = host / max(row.kernels, 1) * 1e6
+    return row
+
+
+def host_per_kernel(step: Callable[[], Any], dev: Any, steps: int) -> tuple[float, int]:
+    """(median host seconds of ``step``, kernels it launches). On a GPU the launches are queued
+    without waiting, so the host time is the step's time until it returns, before the device
+    is synchronized; on the processor the kernels run in the calling thread, so it is the
+    step's time less the time spent in the kernels' calls."""
+    from anygpu.graph import schedule
+
+    spent = [0.0]  # seconds inside kernel calls
+    calls = [0]
+    launch = schedule.Launch.__call__
+
+    def counted(self: Any, wait: bool = False) -> Any:
+        start = time.perf_counter()
+        try:
+            return launch(self, wait)
+        finally:
+            spent[0] += time.perf_counter() - start
+            calls[0] += 1
+
+    schedule.Launch.__call__ = counted  # type: ignore[method-assign]
+    try:
+        host = []
+        for _ in range(max(steps, 1)):
+            spent[0], calls[0] = 0.0, 0
+            dev.synchronize()
+            start = time.perf_counter()
+            step()
+            returned = time.perf_counter() - start
+            dev.synchronize()
+            host.append(returned - spent[0] if dev.info.is_cpu else returned)
+    finally:
+        schedule.Launch.__call__ = launch  # type: ignore[method-assign]
+    return statistics.median(host), calls[0]
 
 
 def _profile_steps(timed: Callable[[], float], path: str) -> None:
@@ -283,8 +326,12 @@ def format_table(rows: Sequence[Row]) -> str:
         lines.append(f"{name:9s} {r.device:9s} {r.mode:5s} {r.model:13s} {r.precision:4s} "
                      f"{r.batch:5d} {r.size:4d} {r.first_step_s:8.1f} {r.ms:9.2f} "
                      f"{r.images_per_s:8.1f} {peak} {ratio:>6s}")
-    if any(not r.jit and r.framework == "anygpu" for r in rows):
-        lines.append("* without jit")
+    plain = [r for r in rows if not r.jit and r.framework == "anygpu"]
+    if plain:
+        lines.append("* without jit; host time per kernel (graph building, scheduling, "
+                     "launching): " + ", ".join(
+                         f"{r.model} {r.host_us_per_kernel:.0f} us ({r.kernels} kernels a step)"
+                         for r in plain if r.host_us_per_kernel is not None))
     return "\n".join(lines)
 
 

@@ -65,3 +65,17 @@ def test_profile_writes_a_chrome_trace(tmp_path: Path,
     for e in kernels:
         assert e["ph"] == "X" and e["name"] and e["dur"] >= 0 and e["ts"] >= 0
         assert "pid" in e and "tid" in e
+
+
+def test_without_jit_the_host_time_per_kernel_is_reported(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code = bench.main(_args("train", "--model", "resnet18", "--batch", "2", "--size", "32",
+                            "--steps", "2", "--device", "cpu", "--no-jit", "--json"))
+    assert code == 0
+    row = json.loads(next(line for line in capsys.readouterr().out.splitlines()
+                          if line.startswith("{")))
+    assert not row["jit"] and row["kernels"] > 100  # ResNet-18's forward, backward and Adam
+    # less than the whole step per kernel (measured over other steps: twice, for noise)
+    assert 0 < row["host_us_per_kernel"] < 2 * row["ms"] * 1e3 / row["kernels"]
+    table = bench.format_table([bench.Row(**row)])
+    assert f"resnet18 {row['host_us_per_kernel']:.0f} us ({row['kernels']} kernels" in table
