@@ -9,7 +9,8 @@ Each row: the first step on its own line (compiling and tuning included), then t
 of ``--steps`` steps after two warm-up steps, images per second and the peak device memory of a
 step (the allocator's high-water mark, weights and optimizer state included, as PyTorch's
 ``max_memory_allocated``). Steps run under ``anygpu.jit`` unless ``--no-jit`` is given (a
-plain loop, as most programs are written). Precisions: ``fp32`` (exact float32 products, tf32
+plain loop, as most programs are written; its rows also give the kernels of a step and the
+host time per kernel, ``host_per_kernel``). Precisions: ``fp32`` (exact float32 products, tf32
 off on both sides), ``tf32`` (``set_float32_matmul_precision("high")``, PyTorch's tf32 on)
 and ``bf16`` (``anygpu.autocast``: products and convolutions in bfloat16 with float32
 weights, PyTorch's autocast with channels_last beside it).
