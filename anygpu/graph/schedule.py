@@ -3,7 +3,9 @@
 ``schedule`` walks from the nodes to realize down to realized buffers. Each kernel is built by
 ``codegen.lower``, which fuses everything it can and names the nodes it needs as inputs; those are
 scheduled first. ``run`` lowers each kernel for its device, renders, compiles (cached), allocates
-the output from the device's caching allocator and launches without waiting.
+the output from the device's caching allocator and launches without waiting, dropping each
+item once it ran (its inputs are freed as soon as nothing else reads them). ``plans`` keeps
+whole schedules by graph structure.
 """
 
 from __future__ import annotations
