@@ -276,3 +276,23 @@ def test_unknown_dialect() -> None:
     kernel = kernel_for("elementwise", "c")
     with pytest.raises(ValueError, match="no renderer for dialect 'metal'"):
         render(kernel, "metal")
+
+
+def test_c_logic_evaluates_both_sides_unless_the_right_reads_memory() -> None:
+    """Boolean and/or render as ``&``/``|`` (no branch, so loops vectorize) where the right
+    side reads nothing new; a right side that loads keeps ``&&``, so a left side that guards
+    its index (``i < n && b[i] > 0``) still does."""
+    from anygpu.codegen import ir
+    from anygpu.codegen.render.cstyle import render
+    from anygpu.dtype import bool_, float32, int32
+
+    i, n = ir.var("o0", int32), ir.var("n", int32)
+    guarded = ir.alu("and", ir.alu("lt", i, n),
+                     ir.alu("lt", ir.const(0.0, float32), ir.load("b1", float32, i)))
+    plain = ir.alu("or", ir.alu("lt", i, n), ir.alu("lt", n, i))
+    params = [ir.Param("b0", bool_, True), ir.Param("b1", float32, False)]
+    loop = ir.For("o0", ir.const(0, int32), ir.const(64, int32), ir.const(1, int32),
+                  [ir.Store("b0", i, ir.alu("and", guarded, plain))])
+    text = render(ir.Kernel("logic", params, [loop]), "c")
+    assert "const unsigned char t1 = (o0 < n);" in text
+    assert "(t1 && (0.0f < b1[o0]))" in text and "(t1 | (n < o0))" in text

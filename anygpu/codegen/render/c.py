@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from anygpu.codegen import ir
-from anygpu.codegen.render.cstyle import BASE_TYPES, RENDERERS, CStyleRenderer, walk, uses_dtype
+from anygpu.codegen.render.cstyle import (BASE_TYPES, BOOL_LOGIC, INT_LOGIC, RENDERERS,
+                                          CStyleRenderer, uses_dtype, walk)
 from anygpu.dtype import bfloat16, bool_, float16, float32
 
 # Helpers sit inside include guards, so that several kernels' sources can be compiled as one
@@ -80,10 +81,13 @@ class CRenderer(CStyleRenderer):
         if e.op in VECTOR_MATH_OPS:
             self.needs_vector_math = True
         if e.op in ("and", "or") and e.srcs[0].dtype == bool_:
-            # both sides evaluated (they are values, never calls or reads), so that the
-            # compiler selects without a branch
-            a, b = self.expr(e.srcs[0]), self.expr(e.srcs[1])
-            return f"({a} {'&' if e.op == 'and' else '|'} {b})"
+            # both sides evaluated, so that the compiler selects without a branch; a right side
+            # with a read of its own keeps C's short circuit (the left may guard its index)
+            a = self.expr(e.srcs[0])
+            short = self.reads_memory(e.srcs[1])
+            b = self.expr(e.srcs[1])
+            op = (BOOL_LOGIC if short else INT_LOGIC)[e.op]
+            return f"({a} {op} {b})"
         return super().render_op(e)
 
     def reads_memory(self, e: ir.Expr) -> bool:
