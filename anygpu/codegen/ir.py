@@ -54,6 +54,10 @@ class Expr:
         cls._table[key] = self
         return self
 
+    def __reduce__(self) -> tuple:
+        # unpickled through __new__, so the copy is the table's own expression
+        return Expr, (self.op, self.dtype, self.srcs, self.arg)
+
     def __repr__(self) -> str:
         if self.op in ("const", "var", "special"):
             return f"{self.op}({self.arg!r}:{self.dtype.name})"

@@ -28,7 +28,7 @@ from anygpu.codegen.render.cstyle import render
 from anygpu.codegen.render.wgsl import launch_groups
 from anygpu.dtype import DType, bfloat16, float16, float32
 from anygpu.dtype import int32 as dt_int32
-from anygpu.graph import plans
+from anygpu.graph import disk, plans
 from anygpu.graph.lazy import (Lazy, contiguous_run, is_boundary, is_view_of_buffer,
                                pending_readers)
 from anygpu.ops.linalg import get_float32_matmul_precision
@@ -110,16 +110,18 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
         signature, walk, leaves = _signature(node, spec)
     cached = _ast_cache.get(signature)
     if cached is None:
-        ast = lower.build_kernel(spec, leaves)
-        position = {id(n): i for i, n in enumerate(walk)}
-        # the template keeps no graph nodes alive: they are filled in from each new walk
-        template = _template(ast)
-        _ast_cache[signature] = (template, [position[id(n)] for n in ast.inputs])
+        cached = disk.load("ast", signature)
+        if cached is None:
+            ast = lower.build_kernel(spec, leaves)
+            position = {id(n): i for i, n in enumerate(walk)}
+            # the template keeps no graph nodes alive: they are filled in from each new walk
+            cached = (_template(ast), [position[id(n)] for n in ast.inputs])
+            disk.save("ast", signature, cached)
+        _ast_cache[signature] = cached
         if len(_ast_cache) > 4096:
             _ast_cache.pop(next(iter(_ast_cache)))
-    else:
-        template, positions = cached
-        ast = _with_nodes(template, node, [walk[i] for i in positions])
+    template, positions = cached
+    ast = _with_nodes(template, node, [walk[i] for i in positions])
     # 8 buffers every device binds (WebGPU's guaranteed minimum): only then ask the device
     if len(ast.inputs) >= 8 and len(ast.inputs) + 1 > get_device(node.device).max_kernel_buffers:
         _cut_to_buffer_limit(node, ast.inputs, get_device(node.device).max_kernel_buffers)
@@ -1088,8 +1090,17 @@ def _lower(item: KernelItem, device: Device, features: dict,
     for p in [ast.output, *ast.inputs]:
         device.check_dtype(p.dtype)
     lowering = time.perf_counter()
-    kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size, features)
-    source = render(kernel, device.dialect, features)
+    # what lowering reads of the device (see to_ir), not its name: another process's device
+    key = (item.signature, device.dialect, device.info.max_local_size,
+           tuple(sorted(features.items())))
+    kept = disk.load("kernel", key) if item.signature else None
+    if kept is None:
+        kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size, features)
+        source = render(kernel, device.dialect, features)
+        if item.signature:
+            disk.save("kernel", key, (kernel, source))
+    else:
+        kernel, source = kept
     if "options" in kernel.meta:  # a template kernel: a tuned configuration may replace it
         kernel, source = tune.choose(device, ast, kernel, source, features, inputs or [])
     if config.get().debug >= 2:
