@@ -307,6 +307,19 @@ def _computes(root: Lazy, node: Lazy) -> bool:
 # 8 x 8 in, 16 out, 3 x 3: 4.7M) ran 3x slower unfolded, a ResNet layer at 56 x 56 9x faster
 _UNFOLD_MIN = 1 << 24
 _UNFOLD_MAX = 1 << 28  # bytes an unfolded operand may take at most
+# On GPUs, a float16 or bfloat16 convolution's windows are written out for the tensor cores,
+# which stream only operands that are plain buffers (staged through registers, computed 16-bit
+# windows ran at 11.7 TFLOP/s on an H100, and on the SIMT template VGG-16's at 6-15)
+_UNFOLD_MIN_GPU = 1 << 26
+_UNFOLD_MAX_GPU = 1 << 30
+
+
+def _tensor_core_windows(product: Lazy) -> bool:
+    """Whether ``product`` (of a convolution's rank) is a 16-bit one that the device's tensor
+    cores compute once its windows are written out (CUDA from compute capability 8.0)."""
+    return product.dtype in (float16, bfloat16) and _dialect(product.device) == "cuda" and \
+        get_device(product.device).info.extra.get("cc", (0, 0)) >= (8, 0)
+
 
 
 def _unfold_windows(spec: lower.KernelSpec) -> None:
@@ -322,9 +335,13 @@ def _unfold_windows(spec: lower.KernelSpec) -> None:
     and for products of fewer axes than a convolution's, only stored memory read out of order
     is written out (the copy then moves each element once)."""
     node = spec.reduction
-    if node is None or node.op is not Op.SUM or _dialect(node.device) != "c":
+    if node is None or node.op is not Op.SUM:
         return
     product = node.srcs[0]
+    gpu = _dialect(node.device) != "c"
+    if gpu and not (product.op is Op.MUL and len(product.shape) >= 5 and
+                    product.numel >= _UNFOLD_MIN_GPU and _tensor_core_windows(product)):
+        return
     if product.op is not Op.MUL or product.numel < 1 << 21 or len(product.shape) < 3 or \
             any(s.op is not Op.EXPAND or s.realized for s in product.srcs):
         return
@@ -335,7 +352,7 @@ def _unfold_windows(spec: lower.KernelSpec) -> None:
     operands = list(product.srcs)
     for i, (side, view) in enumerate(zip(product.srcs, views)):
         rest = [a for a in range(len(view.shape)) if a not in own[i]]  # size 1 here
-        if view.numel * view.dtype.itemsize > _UNFOLD_MAX:
+        if view.numel * view.dtype.itemsize > (_UNFOLD_MAX_GPU if gpu else _UNFOLD_MAX):
             continue
         rows, summed = sorted(own[i] - shared - reduced), sorted(own[i] & reduced)
         # the group whose last axis is the longer contiguous run in the source goes last, so
@@ -346,8 +363,9 @@ def _unfold_windows(spec: lower.KernelSpec) -> None:
         order = rest + sorted(shared) + (summed + rows if runs[0] > runs[1] else rows + summed)
         walk = _under_movement(view)
         strides = _linear_strides(view, middle)
-        linear = strides is not None and _nests(view, strides, rows) and \
-            _nests(view, strides, summed)
+        # (the GPU's templates split rows and k back into their axes: any strides will do)
+        linear = strides is not None and (gpu or _nests(view, strides, rows) and
+                                          _nests(view, strides, summed))
         if product.numel < _UNFOLD_MIN or len(product.shape) < 5:
             # a small convolution's compiled reduction beats its unfolded copy; a smaller
             # product only has a view of stored memory written out in order (a computed

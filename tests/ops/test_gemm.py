@@ -471,3 +471,68 @@ def test_warpgroup_kernel_renders(ta: bool, tb: bool) -> None:
     # without the feature (Ampere, or ANYGPU_WGMMA=0): mma.sync
     plain = lower.to_ir(item.ast, "cuda", 1024, {"cc": (9, 0), "max_shared": 227 * 1024})
     assert "wgmma" not in render(plain, "cuda")
+
+
+def _conv_step(device: str, dtype: ag.DType, seed: int) -> tuple[Any, ...]:
+    """A 16-bit convolution large enough to be unfolded for tensor cores on GPUs (2 x 64 x 32 x
+    32, 64 filters of 3 x 3: 75M multiply-adds), forward and both gradients, beside PyTorch's
+    float32 computation on the same rounded values."""
+    xs, ws, gs = _rand((2, 64, 32, 32), seed), _rand((64, 64, 3, 3), seed + 1) * 0.05, \
+        _rand((2, 64, 32, 32), seed + 2)
+    x = ag.tensor(xs, device=device).cast(dtype).realize().requires_grad_()
+    w = ag.tensor(ws, device=device).cast(dtype).realize().requires_grad_()
+    out = ag.nn.functional.conv2d(x, w, padding=1)
+    (out.float() * ag.tensor(gs, device=device)).sum().backward()
+    tx, tw = (torch.from_numpy(v).to(TORCH[dtype]).float().requires_grad_() for v in (xs, ws))
+    want = torch.nn.functional.conv2d(tx, tw, padding=1)
+    (want * torch.from_numpy(gs)).sum().backward()
+    return out, x.grad, w.grad, want.detach(), tx.grad, tw.grad
+
+
+@pytest.mark.parametrize("dtype", [ag.float16, ag.bfloat16])
+def test_16_bit_convolutions_on_tensor_cores(device: str, dtype: ag.DType) -> None:
+    """float16 and bfloat16 convolutions, forward and both gradients, against PyTorch: on CUDA
+    their windows are written out and the products run on the pipelined tensor-core templates;
+    elsewhere through the device's own kernels."""
+    if not get_device(device).supports(dtype):
+        pytest.skip(f"{dtype.name} is not supported on {device}")
+    x = ag.tensor(_rand((2, 64, 32, 32), 40), device=device).cast(dtype).realize()
+    w = ag.tensor(_rand((64, 64, 3, 3), 41), device=device).cast(dtype).realize()
+    assert ("cp.async" in _template(ag.nn.functional.conv2d(x, w, padding=1))) == \
+        _pipelined_here(device)
+    out, gx, gw, want, want_gx, want_gw = _conv_step(device, dtype, 42)
+    for got, ref in ((out, want), (gx, want_gx), (gw, want_gw)):
+        assert got.dtype == dtype
+        _check(got, ref, dtype)
+
+
+def test_16_bit_convolutions_unfold_for_tensor_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scheduled as for a GPU with tensor cores (checked here without one; the GPU check runs
+    it): a bfloat16 convolution's windows are written out by a kernel of their own, so that the
+    forward product and both gradients' read plain buffers on the warpgroup and cp.async
+    templates, and the numbers stay PyTorch's."""
+    from anygpu.graph import schedule as sched
+
+    monkeypatch.setattr(sched, "_dialect", lambda device: "cuda")
+    monkeypatch.setitem(get_device("cpu").info.extra, "cc", (9, 0))
+    kernels: list[KernelItem] = []
+    real = sched.schedule
+
+    def recorded(outputs):
+        items = real(outputs)
+        kernels.extend(i for i in items if isinstance(i, KernelItem))
+        return items
+
+    monkeypatch.setattr(sched, "schedule", recorded)
+    out, gx, gw, want, want_gx, want_gw = _conv_step("cpu", ag.bfloat16, 43)
+    for got, ref in ((out, want), (gx, want_gx), (gw, want_gw)):
+        _check(got, ref, ag.bfloat16)
+    features = {"cc": (9, 0), "wgmma": True, "max_shared": 227 * 1024, "units": 132}
+    templates = [lower.to_ir(k.ast, "cuda", 1024, features).meta.get("template", "")
+                 for k in kernels]
+    products = [t for t in templates if t.startswith("gemm")]
+    assert len(products) == 3, templates  # forward, the windows' gradient, the weights'
+    assert all("cp.async" in t for t in products), products
+    assert sum("wgmma" in t for t in products) >= 2, products
+    unfolded = [k for k in kernels if k.ast.output.shape == (1, 1, 64, 3, 3, 2, 32, 32)]
+    assert len(unfolded) == 2  # the input's windows, for the forward product and the weights'
