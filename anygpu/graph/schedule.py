@@ -137,7 +137,7 @@ def _plan_kernel(node: Lazy) -> lower.KernelSpec:
     """The spec of the kernel computing ``node``, after the rewrites and ``keep`` marks that
     shape it (unfolded windows, stored padding, stored operands)."""
     spec = _choose_spec(node)
-    _unfold_windows(spec)
+    _unfold_windows(spec.reduction)
     _store_padded_windows(spec)
     _store_costly_operands(spec)
     return spec
@@ -205,7 +205,7 @@ def _split_plan(node: Lazy) -> tuple[int, int] | None:
     """(slices, axis) into which the unrealized sum ``node`` splits on a GPU: ``n`` elements
     per output over too few outputs to fill the device; None where it stays whole. On the
     processor the kernels' loops parallelize on their own."""
-    if node.op is not Op.SUM or node.device.split(":")[0] == "cpu":
+    if node.op is not Op.SUM or _dialect(node.device) == "c":
         return None
     src, axes = node.srcs[0], node.arg
     total = node.numel
@@ -240,6 +240,7 @@ def _split_reduction(root: Lazy) -> None:
     if node is None or plan is None:
         return
     parts, axis = plan
+    _unfold_windows(node)  # before the split reshapes the product (a weight gradient on a GPU)
     src, axes = node.srcs[0], node.arg
     narrow = node.dtype in (float16, bfloat16)
     if narrow:
@@ -322,11 +323,14 @@ def _tensor_core_windows(product: Lazy) -> bool:
 
 
 
-def _unfold_windows(spec: lower.KernelSpec) -> None:
+def _unfold_windows(node: Lazy | None) -> None:
     """On the processor, a large product goes through BLAS: a convolution (forward, data and
     weight gradients alike) and a batched matrix product whose operand is a view BLAS cannot
     read (attention's heads: the output projection reads the heads' output with its head and
-    feature axes swapped; computed as a reduction it took 61 ms of BERT-base's 123 tokens). An
+    feature axes swapped; computed as a reduction it took 61 ms of BERT-base's 123 tokens). On
+    a GPU, a 16-bit convolution goes to the tensor cores (``_tensor_core_windows``; ``node``
+    unsplit: ``_split_reduction`` unfolds before it splits), whose templates take any strides
+    of plain buffers. An
     operand whose reads are linear, its rows and its summed axes each stepping as one, is read
     where it lies (stored first if it is computed); any other (a window over padding, a strided
     window, a batch that does not nest with the pixels, axes merged out of order) is written
@@ -334,7 +338,6 @@ def _unfold_windows(spec: lower.KernelSpec) -> None:
     the summed axes, in the order that reads the source in runs. Below _UNFOLD_MIN products,
     and for products of fewer axes than a convolution's, only stored memory read out of order
     is written out (the copy then moves each element once)."""
-    node = spec.reduction
     if node is None or node.op is not Op.SUM:
         return
     product = node.srcs[0]

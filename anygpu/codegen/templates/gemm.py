@@ -168,6 +168,11 @@ def match(ast) -> Contraction | None:  # ast: lower.KernelAST (not imported: low
     if stage.op.name != "SUM" or stage.value.op != "mul" or not stage.dtype.is_float:
         return None
     x, y = stage.value.srcs
+    if x.op == y.op == "cast" and x.dtype == y.dtype == float32 and \
+            x.srcs[0].dtype == y.srcs[0].dtype and x.srcs[0].dtype in (float16, bfloat16):
+        # 16-bit factors widened (a split sum's float32 partials): their products are exact in
+        # float32, as the tensor cores' are, which accumulate in float32 too
+        x, y = x.srcs[0], y.srcs[0]
     memo: dict[int, frozenset[str]] = {}
     vx, vy = _vars(x, memo), _vars(y, memo)
     ks = [(name, size) for name, size, _ in ast.reduce]
