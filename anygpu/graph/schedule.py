@@ -315,11 +315,23 @@ _UNFOLD_MIN_GPU = 1 << 26
 _UNFOLD_MAX_GPU = 1 << 30
 
 
-def _tensor_core_windows(product: Lazy) -> bool:
-    """Whether ``product`` (of a convolution's rank) is a 16-bit one that the device's tensor
-    cores compute once its windows are written out (CUDA from compute capability 8.0)."""
-    return product.dtype in (float16, bfloat16) and _dialect(product.device) == "cuda" and \
-        get_device(product.device).info.extra.get("cc", (0, 0)) >= (8, 0)
+def _tensor_core_windows(node: Lazy) -> bool:
+    """Whether the sum ``node`` of a product (of a convolution's rank) is a 16-bit one that the
+    device's tensor cores compute once its windows are written out (CUDA from compute
+    capability 8.0): 64 or more rows, columns and summed elements, these a multiple of 8 (a
+    tile's 16-byte copies; a depthwise convolution's 9, the 27 of a first layer's 3 channels,
+    stay with the SIMT template, whose windows need no copy)."""
+    product = node.srcs[0]
+    if product.dtype not in (float16, bfloat16) or _dialect(product.device) != "cuda" or \
+            get_device(product.device).info.extra.get("cc", (0, 0)) < (8, 0):
+        return False
+    summed = set(node.arg)
+    own = [{a for a, n in enumerate(side.shape) if n != 1}
+           for side in (s.srcs[0] if s.op is Op.EXPAND else s for s in product.srcs)]
+    rows, cols = (own[i] - own[1 - i] - summed for i in (0, 1))
+    k = math.prod(product.shape[a] for a in summed)
+    return k % 8 == 0 and min(k, *(math.prod(product.shape[a] for a in side)
+                                   for side in (rows, cols))) >= 64
 
 
 
@@ -343,7 +355,7 @@ def _unfold_windows(node: Lazy | None) -> None:
     product = node.srcs[0]
     gpu = _dialect(node.device) != "c"
     if gpu and not (product.op is Op.MUL and len(product.shape) >= 5 and
-                    product.numel >= _UNFOLD_MIN_GPU and _tensor_core_windows(product)):
+                    product.numel >= _UNFOLD_MIN_GPU and _tensor_core_windows(node)):
         return
     if product.op is not Op.MUL or product.numel < 1 << 21 or len(product.shape) < 3 or \
             any(s.op is not Op.EXPAND or s.realized for s in product.srcs):
