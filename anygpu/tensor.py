@@ -740,7 +740,10 @@ class Tensor:
         return x._custom("tanh", (), None, compute)
 
     def relu(self) -> "Tensor":
-        return self.le(0)._select(self._const_like(0), self)  # NaN stays NaN, as in PyTorch
+        # NaN stays NaN, as in PyTorch; the gradient reads the output, as PyTorch's does, so a
+        # convolution fused with its ReLU is not computed again for the backward pass's mask
+        return self._custom("relu", (), None,
+                            lambda: self.le(0)._select(self._const_like(0), self))
 
     def leaky_relu(self, negative_slope: float = 0.01) -> "Tensor":
         return self.gt(0)._select(self, self * negative_slope)

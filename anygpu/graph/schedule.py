@@ -128,8 +128,22 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
         planned.discard(id(node))
         _visit(node, items, planned)
         return
+    read = {id(n) for n in ast.inputs}
+    inner = [n for n in walk if n is not node and id(n) not in read and not n.realized]
+    stored = {id(n) for n in inner if n.keep}
     for dep in ast.inputs:
         _visit(dep, items, planned)
+    again = [n for n in inner if id(n) not in stored and (n.keep or id(n) in planned)]
+    if again:
+        # what this kernel computes is stored by a kernel of its own, planned (or marked to be)
+        # while what this one reads was: a convolution's output, which the next layer's
+        # unfolded windows read stored, fused here into the backward pass's ReLU mask. Planned
+        # again, this kernel reads it rather than computing the convolution once more
+        for n in again:
+            n.keep = True
+        planned.discard(id(node))
+        _visit(node, items, planned)
+        return
     items.append(KernelItem(ast, signature, walk))
 
 

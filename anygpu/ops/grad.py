@@ -341,6 +341,8 @@ RULES: dict[Any, Rule] = {
     "abs": lambda out, ps, arg, g: (g * (ps[0].gt(0).cast(g.dtype) - ps[0].lt(0).cast(g.dtype)),),
     "log1p": lambda out, ps, arg, g: (g / (ps[0] + 1),),
     "expm1": lambda out, ps, arg, g: (g * (out + 1),),
+    # PyTorch's: the gradient passes unless the output is <= 0 (at a NaN too)
+    "relu": lambda out, ps, arg, g: (out.le(0)._select(g._const_like(0), g),),
     "sigmoid": lambda out, ps, arg, g: (g * out * (1 - out),),
     "tanh": lambda out, ps, arg, g: (g * (1 - out * out),),
     "clamp": _clamp_grad,

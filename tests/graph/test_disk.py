@@ -64,7 +64,7 @@ def test_a_new_process_reads_the_kernels_lowered_before(
     losses, params = _train(device)
     assert np.isfinite(losses).all() and losses[-1] != losses[0]
     asts, kernels = _entries(cache, "ast"), _entries(cache, "kernel")
-    assert len(asts) > 10 and len(kernels) >= len(asts)
+    assert len(asts) > 10 and len(kernels) > 10
 
     _forget(monkeypatch)
 

@@ -506,11 +506,12 @@ def test_16_bit_convolutions_on_tensor_cores(device: str, dtype: ag.DType) -> No
         _check(got, ref, dtype)
 
 
-def test_16_bit_convolutions_unfold_for_tensor_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Scheduled as for a GPU with tensor cores (checked here without one; the GPU check runs
-    it): a bfloat16 convolution's windows are written out by a kernel of their own, so that the
-    forward product and both gradients' read plain buffers on the warpgroup and cp.async
-    templates, and the numbers stay PyTorch's."""
+HOPPER = {"cc": (9, 0), "wgmma": True, "max_shared": 227 * 1024, "units": 132}
+
+
+def _as_on_hopper(monkeypatch: pytest.MonkeyPatch) -> list[KernelItem]:
+    """Schedule the processor's graphs as for an H100 (run on the processor): the kernels
+    scheduled from now on."""
     from anygpu.graph import schedule as sched
 
     monkeypatch.setattr(sched, "_dialect", lambda device: "cuda")
@@ -524,11 +525,19 @@ def test_16_bit_convolutions_unfold_for_tensor_cores(monkeypatch: pytest.MonkeyP
         return items
 
     monkeypatch.setattr(sched, "schedule", recorded)
+    return kernels
+
+
+def test_16_bit_convolutions_unfold_for_tensor_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scheduled as for a GPU with tensor cores (checked here without one; the GPU check runs
+    it): a bfloat16 convolution's windows are written out by a kernel of their own, so that the
+    forward product and both gradients' read plain buffers on the warpgroup and cp.async
+    templates, and the numbers stay PyTorch's."""
+    kernels = _as_on_hopper(monkeypatch)
     out, gx, gw, want, want_gx, want_gw = _conv_step("cpu", ag.bfloat16, 43)
     for got, ref in ((out, want), (gx, want_gx), (gw, want_gw)):
         _check(got, ref, ag.bfloat16)
-    features = {"cc": (9, 0), "wgmma": True, "max_shared": 227 * 1024, "units": 132}
-    templates = [lower.to_ir(k.ast, "cuda", 1024, features).meta.get("template", "")
+    templates = [lower.to_ir(k.ast, "cuda", 1024, HOPPER).meta.get("template", "")
                  for k in kernels]
     products = [t for t in templates if t.startswith("gemm")]
     assert len(products) == 3, templates  # forward, the windows' gradient, the weights'
@@ -536,3 +545,33 @@ def test_16_bit_convolutions_unfold_for_tensor_cores(monkeypatch: pytest.MonkeyP
     assert sum("wgmma" in t for t in products) >= 2, products
     unfolded = [k for k in kernels if k.ast.output.shape == (1, 1, 64, 3, 3, 2, 32, 32)]
     assert len(unfolded) == 2  # the input's windows, for the forward product and the weights'
+
+
+def test_a_convolution_stored_for_the_next_layer_is_not_computed_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two bfloat16 convolutions with a ReLU between, forward and backward scheduled as one
+    graph (a training step that does not look at its loss first), as for an H100: the first
+    convolution's output, stored for the second one's unfolded windows, is what the backward
+    pass's ReLU mask reads; it is not computed a second time inside the mask's kernel. Five
+    products: two forward, the second one's windows' gradient, both weights' gradients."""
+    kernels = _as_on_hopper(monkeypatch)
+    rng = np.random.default_rng(44)
+    c1, c2 = ag.nn.Conv2d(64, 64, 3, padding=1), ag.nn.Conv2d(64, 64, 3, padding=1)
+    x = ag.tensor(rng.standard_normal((2, 64, 32, 32)).astype(np.float32))
+    with ag.autocast("cpu", dtype=ag.bfloat16):
+        loss = (c2(c1(x).relu()).float() ** 2).mean()
+    loss.backward()
+    flops = [lower.to_ir(k.ast, "cuda", 1024, HOPPER).meta.get("flops", 0) for k in kernels]
+    conv = 2 * 2 * 64 * 32 * 32 * 64 * 9
+    assert sum(f >= conv for f in flops) == 5, flops
+
+    tx = torch.from_numpy(x.numpy())
+    t1, t2 = torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.Conv2d(64, 64, 3, padding=1)
+    for t, c in ((t1, c1), (t2, c2)):
+        t.weight.data, t.bias.data = (torch.from_numpy(p.numpy()) for p in (c.weight, c.bias))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = (t2(t1(tx).relu()).float() ** 2).mean()
+    want.backward()
+    _check(loss, want.detach(), ag.bfloat16)
+    for t, c in ((t1, c1), (t2, c2)):
+        _check(c.weight.grad, t.weight.grad, ag.bfloat16)
