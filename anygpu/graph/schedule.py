@@ -228,6 +228,8 @@ def _split_plan(node: Lazy) -> tuple[int, int] | None:
     # sum of squares too: RMSNorm's over one row of 4,096 had split into 16 partials, a kernel
     # more in every norm of a decode step)
     product = src.op is Op.MUL and src.srcs[0] is not src.srcs[1]
+    if product and _rows_on_tensor_cores(node):
+        return None
     groups = -(-total // 4096) if product else total
     few = product and groups < _FEW_GROUPS
     least = _FEW_MIN if few else _SPLIT_MIN
@@ -329,23 +331,55 @@ _UNFOLD_MIN_GPU = 1 << 26
 _UNFOLD_MAX_GPU = 1 << 30
 
 
+def _inner_run(shape: tuple[int, ...], group: list[int]) -> int:
+    """The elements of the trailing axes of ``group`` (ascending) that lie next to each other in
+    ``shape``, only axes of size 1 between: what a kernel's index merges into its innermost
+    axis along them (a convolution's pixels 14 x 14 = 196, its channels and window 64 x 3 x 3)."""
+    run = shape[group[-1]]
+    for a, b in zip(group[-2::-1], group[:0:-1]):
+        if any(shape[c] != 1 for c in range(a + 1, b)):
+            break
+        run *= shape[a]
+    return run
+
+
 def _tensor_core_windows(node: Lazy) -> bool:
     """Whether the sum ``node`` of a product (of a convolution's rank) is a 16-bit one that the
     device's tensor cores compute once its windows are written out (CUDA from compute
     capability 8.0): 64 or more rows, columns and summed elements, these a multiple of 8 (a
     tile's 16-byte copies; a depthwise convolution's 9, the 27 of a first layer's 3 channels,
     stay with the SIMT template, whose windows need no copy)."""
+    sizes = _sizes_on_tensor_cores(node)
+    return sizes is not None and sizes[2] % 8 == 0 and min(sizes) >= 64
+
+
+def _sizes_on_tensor_cores(node: Lazy) -> tuple[int, int, int] | None:
+    """(rows, columns, summed elements) of the 16-bit sum of a product ``node`` where the
+    device's tensor cores may compute it (CUDA from compute capability 8.0), else None."""
     product = node.srcs[0]
-    if product.dtype not in (float16, bfloat16) or _dialect(product.device) != "cuda" or \
+    if product.op is not Op.MUL or product.dtype not in (float16, bfloat16) or \
+            any(s.op is not Op.EXPAND for s in product.srcs) or \
+            _dialect(product.device) != "cuda" or \
             get_device(product.device).info.extra.get("cc", (0, 0)) < (8, 0):
-        return False
+        return None
     summed = set(node.arg)
-    own = [{a for a, n in enumerate(side.shape) if n != 1}
-           for side in (s.srcs[0] if s.op is Op.EXPAND else s for s in product.srcs)]
+    own = [{a for a, n in enumerate(side.srcs[0].shape) if n != 1} for side in product.srcs]
     rows, cols = (own[i] - own[1 - i] - summed for i in (0, 1))
-    k = math.prod(product.shape[a] for a in summed)
-    return k % 8 == 0 and min(k, *(math.prod(product.shape[a] for a in side)
-                                   for side in (rows, cols))) >= 64
+    return (math.prod(product.shape[a] for a in rows), math.prod(product.shape[a] for a in cols),
+            math.prod(product.shape[a] for a in summed))
+
+
+def _rows_on_tensor_cores(node: Lazy) -> bool:
+    """Whether the sum ``node`` is a 16-bit product of 16 or fewer rows against 256 or more
+    columns, summing a multiple of 32 elements (256 or more): ``templates.mma_rows`` computes
+    it on tensor cores, each weight read once, which a split into partial sums would keep from
+    it (VGG-16's first classifier layer under bf16 autocast, split in 16, ran as a generic
+    reduction at 24 GB/s: 8.7 ms a step on an H200)."""
+    sizes = _sizes_on_tensor_cores(node)
+    if sizes is None:
+        return False
+    rows, cols, k = sizes
+    return min(rows, cols) <= 16 and max(rows, cols) >= 256 and k % 32 == 0 and k >= 256
 
 
 
@@ -389,12 +423,23 @@ def _unfold_windows(node: Lazy | None) -> None:
         # inner, 2.2 -> 4.7 GB/s on 2 cores; a weight gradient's windows already end in pixels)
         middle = _middle_strides(view)
         runs = [view.shape[g[-1]] if g and middle[g[-1]] == 1 else 0 for g in (rows, summed)]
-        order = rest + sorted(shared) + (summed + rows if runs[0] > runs[1] else rows + summed)
+        outer, inner = (summed, rows) if runs[0] > runs[1] else (rows, summed)
+
+        def aligned(group: list[int]) -> bool:
+            return bool(group) and _inner_run(product.shape, group) % 8 == 0
+
+        if gpu and not aligned(inner) and aligned(outer):
+            # the tensor cores' tiles copy runs of 16 bytes: pixels of 14 x 14 or 7 x 7 go
+            # outer, the window's channels and offsets (a multiple of 8) inner
+            outer, inner = inner, outer
+        order = rest + sorted(shared) + outer + inner
         walk = _under_movement(view)
         strides = _linear_strides(view, middle)
-        # (the GPU's templates split rows and k back into their axes: any strides will do)
-        linear = strides is not None and (gpu or _nests(view, strides, rows) and
-                                          _nests(view, strides, summed))
+        # (the GPU's templates split rows and k back into their axes: any strides will do,
+        # where the axis along which memory runs ends a group of 16-byte runs)
+        linear = strides is not None and (
+            any(g and middle[g[-1]] == 1 and aligned(g) for g in (rows, summed)) if gpu else
+            _nests(view, strides, rows) and _nests(view, strides, summed))
         if product.numel < _UNFOLD_MIN or len(product.shape) < 5:
             # a small convolution's compiled reduction beats its unfolded copy; a smaller
             # product only has a view of stored memory written out in order (a computed

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 import anygpu as ag
+from anygpu.nn import functional as F
 from anygpu.codegen import lower
+from anygpu.ops.primitives import Op
 from anygpu.graph.schedule import KernelItem, schedule
 from anygpu.runtime.registry import get_device
 
@@ -575,3 +577,65 @@ def test_a_convolution_stored_for_the_next_layer_is_not_computed_again(
     _check(loss, want.detach(), ag.bfloat16)
     for t, c in ((t1, c1), (t2, c2)):
         _check(c.weight.grad, t.weight.grad, ag.bfloat16)
+
+
+def test_16_bit_rows_against_many_columns_stay_whole_on_tensor_cores(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training step through a bfloat16 linear layer of 16 rows (a classifier at batch 16),
+    scheduled as for an H100: its product is not split into partial sums (whose widened factors
+    the rows template does not take; they ran as a generic reduction) but runs whole on the
+    tensor-core rows template, each weight read once; PyTorch's loss and gradients."""
+    kernels = _as_on_hopper(monkeypatch)
+    rng = np.random.default_rng(45)
+    layer = ag.nn.Linear(4096, 1024)
+    x = ag.tensor(rng.standard_normal((16, 64, 16, 16)).astype(np.float32))
+    with ag.autocast("cpu", dtype=ag.bfloat16):
+        loss = (layer(F.max_pool2d(x, 2).flatten(1)).relu().float() ** 2).mean()
+    loss.backward()
+    reading = [lower.to_ir(k.ast, "cuda", 1024, HOPPER).meta.get("template", "")
+               for k in kernels if any(i.shape == (1024, 4096) and i.dtype == ag.bfloat16
+                                       for i in k.ast.inputs)]  # the weight's bf16 copy
+    assert len(reading) == 1 and "tensor-core rows (16 rows" in reading[0], reading
+    from anygpu.graph import schedule as sched
+
+    # the rule itself: such a sum, which would split on float32 rows, stays whole in 16 bits
+    a, w = ag.randn(16, 4096), ag.randn(1024, 4096)
+    for dtype, splits in ((ag.bfloat16, False), (ag.float32, True)):
+        node = (a.cast(dtype) @ w.cast(dtype).T).lazy
+        while node.op is not Op.SUM:
+            node = node.srcs[0]
+        assert (sched._split_plan(node) is not None) == splits, dtype
+    tl = torch.nn.Linear(4096, 1024)
+    tl.weight.data, tl.bias.data = (torch.from_numpy(p.numpy()) for p in (layer.weight,
+                                                                          layer.bias))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        pooled = torch.nn.functional.max_pool2d(torch.from_numpy(x.numpy()), 2).flatten(1)
+        want = (tl(pooled).relu().float() ** 2).mean()
+    want.backward()
+    _check(loss, want.detach(), ag.bfloat16)
+    _check(layer.weight.grad, tl.weight.grad, ag.bfloat16)
+    _check(layer.bias.grad, tl.bias.grad, ag.bfloat16)
+
+
+def test_16_bit_convolutions_of_14_by_14_pixels_unfold_channels_inner(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 14 x 14 pixels (196, no multiple of 8) a bfloat16 convolution's windows are written
+    out with the channels and window offsets inner, so that its products still copy 16-byte
+    runs onto the tensor cores; forward and both gradients against PyTorch."""
+    kernels = _as_on_hopper(monkeypatch)
+    rng = np.random.default_rng(46)
+    xs = rng.standard_normal((8, 128, 14, 14)).astype(np.float32)
+    ws = rng.standard_normal((128, 128, 3, 3)).astype(np.float32) * 0.03
+    x = ag.tensor(xs).cast(ag.bfloat16).realize().requires_grad_()
+    w = ag.tensor(ws).cast(ag.bfloat16).realize().requires_grad_()
+    out = ag.nn.functional.conv2d(x, w, padding=1)
+    (out.float() ** 2).sum().backward()
+    templates = [lower.to_ir(k.ast, "cuda", 1024, HOPPER).meta.get("template", "")
+                 for k in kernels]
+    products = [t for t in templates if t.startswith("gemm")]
+    assert len(products) == 3 and all("cp.async" in t for t in products), products
+    tx, tw = (torch.from_numpy(v).bfloat16().float().requires_grad_() for v in (xs, ws))
+    want = torch.nn.functional.conv2d(tx, tw, padding=1)
+    (want ** 2).sum().backward()
+    for got, ref in ((out, want.detach()), (x.grad, tx.grad), (w.grad, tw.grad)):
+        _check(got, ref, ag.bfloat16)

@@ -160,6 +160,16 @@ def stride(e: ir.Expr, var: str) -> int | None:
     return None if at0 is None or at1 is None else abs(at1 - at0)
 
 
+def narrowed(x: ir.Expr, y: ir.Expr) -> tuple[ir.Expr, ir.Expr]:
+    """The factors of a product ``x * y``, 16-bit ones that were widened to float32 (a split
+    sum's float32 partials) taken before their casts: their products are exact in float32, as
+    the tensor cores' are, which accumulate in float32 too."""
+    if x.op == y.op == "cast" and x.dtype == y.dtype == float32 and \
+            x.srcs[0].dtype == y.srcs[0].dtype and x.srcs[0].dtype in (float16, bfloat16):
+        return x.srcs[0], y.srcs[0]
+    return x, y
+
+
 def match(ast) -> Contraction | None:  # ast: lower.KernelAST (not imported: lower imports us)
     """The contraction in ``ast``, or None if it is not a (batched) matrix product."""
     if len(ast.stages) != 1 or not ast.reduced_output or not ast.reduce:
@@ -167,12 +177,7 @@ def match(ast) -> Contraction | None:  # ast: lower.KernelAST (not imported: low
     stage = ast.stages[0]
     if stage.op.name != "SUM" or stage.value.op != "mul" or not stage.dtype.is_float:
         return None
-    x, y = stage.value.srcs
-    if x.op == y.op == "cast" and x.dtype == y.dtype == float32 and \
-            x.srcs[0].dtype == y.srcs[0].dtype and x.srcs[0].dtype in (float16, bfloat16):
-        # 16-bit factors widened (a split sum's float32 partials): their products are exact in
-        # float32, as the tensor cores' are, which accumulate in float32 too
-        x, y = x.srcs[0], y.srcs[0]
+    x, y = narrowed(*stage.value.srcs)
     memo: dict[int, frozenset[str]] = {}
     vx, vy = _vars(x, memo), _vars(y, memo)
     ks = [(name, size) for name, size, _ in ast.reduce]

@@ -140,7 +140,7 @@ def plan(ast: Any, shared: tuple[str, int] | None, dialect: str, features: dict
         pair = _factors(stage.value, name, others)
         if pair is None:
             return None
-        pairs.append(pair)
+        pairs.append(gemm.narrowed(*pair))
     dtype = _fragment_dtype(pairs)
     if dtype is None:
         return None
