@@ -344,20 +344,22 @@ def _inner_run(shape: tuple[int, ...], group: list[int]) -> int:
 
 
 def _tensor_core_windows(node: Lazy) -> bool:
-    """Whether the sum ``node`` of a product (of a convolution's rank) is a 16-bit one that the
-    device's tensor cores compute once its windows are written out (CUDA from compute
-    capability 8.0): 64 or more rows, columns and summed elements, these a multiple of 8 (a
-    tile's 16-byte copies; a depthwise convolution's 9, the 27 of a first layer's 3 channels,
+    """Whether the sum ``node`` of a product (of a convolution's rank) is one that the device's
+    tensor cores compute once its windows are written out (``_sizes_on_tensor_cores``: 16-bit,
+    or tf32): 64 or more rows, columns and summed elements, these a multiple of 8 (a tile's
+    16-byte copies; a depthwise convolution's 9, the 27 of a first layer's 3 channels,
     stay with the SIMT template, whose windows need no copy)."""
     sizes = _sizes_on_tensor_cores(node)
     return sizes is not None and sizes[2] % 8 == 0 and min(sizes) >= 64
 
 
 def _sizes_on_tensor_cores(node: Lazy) -> tuple[int, int, int] | None:
-    """(rows, columns, summed elements) of the 16-bit sum of a product ``node`` where the
-    device's tensor cores may compute it (CUDA from compute capability 8.0), else None."""
+    """(rows, columns, summed elements) of the sum of a product ``node`` where the device's
+    tensor cores may compute it (CUDA from compute capability 8.0; 16-bit factors, or float32
+    ones where products may run as tf32), else None."""
     product = node.srcs[0]
-    if product.op is not Op.MUL or product.dtype not in (float16, bfloat16) or \
+    tf32 = product.dtype == float32 and get_float32_matmul_precision() != "highest"
+    if product.op is not Op.MUL or product.dtype not in (float16, bfloat16) and not tf32 or \
             any(s.op is not Op.EXPAND for s in product.srcs) or \
             _dialect(product.device) != "cuda" or \
             get_device(product.device).info.extra.get("cc", (0, 0)) < (8, 0):
@@ -376,7 +378,7 @@ def _rows_on_tensor_cores(node: Lazy) -> bool:
     it (VGG-16's first classifier layer under bf16 autocast, split in 16, ran as a generic
     reduction at 24 GB/s: 8.7 ms a step on an H200)."""
     sizes = _sizes_on_tensor_cores(node)
-    if sizes is None:
+    if sizes is None or node.dtype == float32:
         return False
     rows, cols, k = sizes
     return min(rows, cols) <= 16 and max(rows, cols) >= 256 and k % 32 == 0 and k >= 256

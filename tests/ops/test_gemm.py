@@ -639,3 +639,33 @@ def test_16_bit_convolutions_of_14_by_14_pixels_unfold_channels_inner(
     (want ** 2).sum().backward()
     for got, ref in ((out, want.detach()), (x.grad, tx.grad), (w.grad, tw.grad)):
         _check(got, ref, ag.bfloat16)
+
+
+def test_tf32_convolutions_unfold_for_tensor_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where float32 products may run as tf32, a convolution's windows are written out too, as
+    for 16-bit ones (scheduled as for an H100): its three products copy plain buffers onto the
+    tensor cores; with tf32 off they stay on the SIMT template, unfolded nowhere."""
+    kernels = _as_on_hopper(monkeypatch)
+    for precision, tensor_cores in (("high", True), ("highest", False)):
+        kernels.clear()
+        ag.set_float32_matmul_precision(precision)
+        try:
+            xs, ws = _rand((2, 64, 32, 32), 47), _rand((64, 64, 3, 3), 48) * 0.05
+            x = ag.tensor(xs).requires_grad_()
+            w = ag.tensor(ws).requires_grad_()
+            out = ag.nn.functional.conv2d(x, w, padding=1)
+            (out ** 2).sum().backward()
+            features = dict(HOPPER, tf32=precision == "high")
+            templates = [lower.to_ir(k.ast, "cuda", 1024, features).meta.get("template", "")
+                         for k in kernels]
+        finally:
+            ag.set_float32_matmul_precision("highest")
+        products = [t for t in templates if t.startswith("gemm")]
+        assert len(products) == 3, products
+        assert all(("tensor cores (tf32)" in t and "cp.async" in t) == tensor_cores
+                   for t in products), products
+        tx, tw = (torch.from_numpy(v).requires_grad_() for v in (xs, ws))
+        want = torch.nn.functional.conv2d(tx, tw, padding=1)
+        (want ** 2).sum().backward()
+        for got, ref in ((out, want.detach()), (x.grad, tx.grad), (w.grad, tw.grad)):
+            _check(got, ref, ag.float32)

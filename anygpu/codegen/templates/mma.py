@@ -103,11 +103,14 @@ def _wgmma_options(block_m: int, block_n: int, stages: int) -> MmaOptions:
 
 def _wgmma_choice(c: Contraction, features: dict) -> MmaOptions | None:
     """128 x 128 tiles of two warpgroups (128 x 64 where fewer than half the device's SMs
-    would get a tile), as many stages as fit up to 6: on an H100, float16 512 x 4096 x 4096
-    ran at 261, 380, 409 and 403 TFLOP/s in 3, 4, 5 and 6 stages, 512 x 11008 x 4096 at 299,
-    312, 345 and 355, 512 x 4096 x 11008 at 456, 463, 511 and 513."""
+    would get a tile, or the product has 64 or fewer columns), as many stages as fit up to 6:
+    on an H100, float16 512 x 4096 x 4096 ran at 261, 380, 409 and 403 TFLOP/s in 3, 4, 5 and
+    6 stages, 512 x 11008 x 4096 at 299, 312, 345 and 355, 512 x 4096 x 11008 at 456, 463,
+    511 and 513."""
     units = features.get("units", 132)
-    block_n = 128 if -(-c.M // 128) * -(-c.N // 128) * 2 >= units or c.N <= 64 else 64
+    # (64 or fewer columns, a convolution of 64 channels: 128 would compute half a tile of
+    # nothing)
+    block_n = 64 if c.N <= 64 else 128 if -(-c.M // 128) * -(-c.N // 128) * 2 >= units else 64
     for stages in (6, 5, 4, 3):
         if wgmma.shared_bytes(128, block_n, stages) <= features.get("max_shared", 48 * 1024):
             return _wgmma_options(128, block_n, stages)
