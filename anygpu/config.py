@@ -32,7 +32,7 @@ class Config:
     cache_dir: str = ""
     """Where compiled programs and tuning results live. Empty: the user cache dir."""
     disk_cache: int = 1
-    """0 disables the on-disk compiled-program cache."""
+    """0 disables the on-disk caches of compiled programs and lowered kernels."""
     tune: int = 0
     """GEMM and convolution kernels on GPUs. 0: a configuration tuned before (on disk) or the
     shape heuristics. 1: time a few configurations of each new kernel and keep the fastest on
@@ -48,6 +48,11 @@ class Config:
     subgroups: int = 1
     """0: reductions on GPUs combine their threads' values through local memory alone, even where
     the device has subgroups (warp shuffles, OpenCL's and WebGPU's subgroup operations)."""
+
+    conv_unfold: int = 1
+    """Convolutions on GPUs. 0: their products read the input's windows where they lie. 1:
+    16-bit and tf32 ones write their windows out first (im2col), so that the tensor cores copy
+    them as plain buffers. 2: exact float32 ones too, for the SIMT template."""
 
     wgmma: int = 1
     """0: float16 and bfloat16 products on Hopper GPUs use the tensor cores through ``mma.sync``

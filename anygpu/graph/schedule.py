@@ -349,16 +349,17 @@ def _tensor_core_windows(node: Lazy) -> bool:
     or tf32): 64 or more rows, columns and summed elements, these a multiple of 8 (a tile's
     16-byte copies; a depthwise convolution's 9, the 27 of a first layer's 3 channels,
     stay with the SIMT template, whose windows need no copy)."""
-    sizes = _sizes_on_tensor_cores(node)
+    unfold = config.get().conv_unfold
+    sizes = _sizes_on_tensor_cores(node, exact=unfold >= 2) if unfold else None
     return sizes is not None and sizes[2] % 8 == 0 and min(sizes) >= 64
 
 
-def _sizes_on_tensor_cores(node: Lazy) -> tuple[int, int, int] | None:
+def _sizes_on_tensor_cores(node: Lazy, exact: bool = False) -> tuple[int, int, int] | None:
     """(rows, columns, summed elements) of the sum of a product ``node`` where the device's
     tensor cores may compute it (CUDA from compute capability 8.0; 16-bit factors, or float32
-    ones where products may run as tf32), else None."""
+    ones where products may run as tf32; ``exact``: any float32 ones), else None."""
     product = node.srcs[0]
-    tf32 = product.dtype == float32 and get_float32_matmul_precision() != "highest"
+    tf32 = product.dtype == float32 and (exact or get_float32_matmul_precision() != "highest")
     if product.op is not Op.MUL or product.dtype not in (float16, bfloat16) and not tf32 or \
             any(s.op is not Op.EXPAND for s in product.srcs) or \
             _dialect(product.device) != "cuda" or \

@@ -669,3 +669,26 @@ def test_tf32_convolutions_unfold_for_tensor_cores(monkeypatch: pytest.MonkeyPat
         (want ** 2).sum().backward()
         for got, ref in ((out, want.detach()), (x.grad, tx.grad), (w.grad, tw.grad)):
             _check(got, ref, ag.float32)
+
+
+@pytest.mark.parametrize("unfold,dtype,copies", [("0", ag.bfloat16, 0), ("1", ag.float32, 0),
+                                                 ("2", ag.float32, 2)])
+def test_conv_unfold_setting(monkeypatch: pytest.MonkeyPatch, unfold: str, dtype: ag.DType,
+                             copies: int) -> None:
+    """ANYGPU_CONV_UNFOLD (scheduled as for an H100): 0 leaves even 16-bit windows where they
+    lie; exact float32 windows are written out only at 2; the numbers stay PyTorch's."""
+    from anygpu import config
+
+    monkeypatch.setenv("ANYGPU_CONV_UNFOLD", unfold)
+    config.reload()
+    try:
+        kernels = _as_on_hopper(monkeypatch)
+        out, gx, gw, want, want_gx, want_gw = _conv_step("cpu", dtype, 49)
+        out.realize()
+    finally:
+        monkeypatch.undo()
+        config.reload()
+    unfolded = [k for k in kernels if k.ast.output.shape == (1, 1, 64, 3, 3, 2, 32, 32)]
+    assert len(unfolded) == copies
+    for got, ref in ((out, want), (gx, want_gx), (gw, want_gw)):
+        _check(got, ref, dtype)
