@@ -385,17 +385,16 @@ def _rows_on_tensor_cores(node: Lazy) -> bool:
     return min(rows, cols) <= 16 and max(rows, cols) >= 256 and k % 32 == 0 and k >= 256
 
 
-
 def _unfold_windows(node: Lazy | None) -> None:
     """On the processor, a large product goes through BLAS: a convolution (forward, data and
     weight gradients alike) and a batched matrix product whose operand is a view BLAS cannot
     read (attention's heads: the output projection reads the heads' output with its head and
     feature axes swapped; computed as a reduction it took 61 ms of BERT-base's 123 tokens). On
-    a GPU, a 16-bit convolution goes to the tensor cores (``_tensor_core_windows``; ``node``
-    unsplit: ``_split_reduction`` unfolds before it splits), whose templates take any strides
-    of plain buffers. An
-    operand whose reads are linear, its rows and its summed axes each stepping as one, is read
-    where it lies (stored first if it is computed); any other (a window over padding, a strided
+    a GPU, a 16-bit or tf32 convolution goes to the tensor cores (``_tensor_core_windows``;
+    ``_split_reduction`` unfolds before it splits), whose templates take any strides of plain
+    buffers. An operand whose reads are linear, its rows and its summed axes each stepping as
+    one (on a GPU: its memory running along a group of a multiple of 8), is read where it lies
+    (stored first if it is computed); any other (a window over padding, a strided
     window, a batch that does not nest with the pixels, axes merged out of order) is written
     out first (im2col, one copy kernel each): axes both operands have, then its own rows and
     the summed axes, in the order that reads the source in runs. Below _UNFOLD_MIN products,
