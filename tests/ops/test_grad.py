@@ -131,3 +131,41 @@ def test_errors() -> None:
         (x * 2).backward()
     # integer results cut the graph: argmax has no gradient to give
     assert not x.argmax().requires_grad
+
+
+def test_leaf_gradients_are_computed_nearest_the_output_first(
+        device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """backward realizes the leaves' gradients in one schedule, the last layer's first (as
+    PyTorch's pass reaches them), so each layer's weight gradient runs once its output gradient
+    is there and frees it; they had come first layer first, after the whole chain of input
+    gradients. The gradients themselves stay PyTorch's."""
+    from anygpu.graph import schedule as sched
+
+    model = ag.nn.Sequential(ag.nn.Linear(6, 7), ag.nn.ReLU(), ag.nn.Linear(7, 8), ag.nn.Tanh(),
+                             ag.nn.Linear(8, 3)).to(device)
+    names = {id(p): name for name, p in model.named_parameters()}
+    orders: list[list[str]] = []
+    real = sched.realize
+
+    def recorded(*nodes):
+        by_node = {id(p.grad.lazy): names[id(p)] for p in model.parameters()
+                   if p.grad is not None}
+        if len(nodes) > 1:
+            orders.append([by_node.get(id(n), "?") for n in nodes])
+        return real(*nodes)
+
+    monkeypatch.setattr(sched, "realize", recorded)
+    x = _normal((5, 6))
+    F.cross_entropy(model(ag.tensor(x, device=device)), ag.tensor([0, 2, 1, 1, 0],
+                                                                  device=device)).backward()
+    assert orders == [["4.bias", "4.weight", "2.bias", "2.weight", "0.bias", "0.weight"]]
+    tm = torch.nn.Sequential(torch.nn.Linear(6, 7), torch.nn.ReLU(), torch.nn.Linear(7, 8),
+                             torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    with torch.no_grad():
+        for (_, tp), p in zip(tm.named_parameters(), model.parameters()):
+            tp.copy_(torch.from_numpy(p.numpy()))
+    torch.nn.functional.cross_entropy(tm(torch.from_numpy(x)),
+                                      torch.tensor([0, 2, 1, 1, 0])).backward()
+    for (name, tp), p in zip(tm.named_parameters(), model.parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=2e-4, atol=5e-5,
+                                   err_msg=name)
