@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import anygpu as ag
-from anygpu.nn import functional as F
 from anygpu.codegen import lower
-from anygpu.ops.primitives import Op
 from anygpu.graph.schedule import KernelItem, schedule
+from anygpu.nn import functional as F
+from anygpu.ops.primitives import Op
 from anygpu.runtime.registry import get_device
 
 F32 = ag.float32
@@ -476,9 +476,9 @@ def test_warpgroup_kernel_renders(ta: bool, tb: bool) -> None:
 
 
 def _conv_step(device: str, dtype: ag.DType, seed: int) -> tuple[Any, ...]:
-    """A 16-bit convolution large enough to be unfolded for tensor cores on GPUs (2 x 64 x 32 x
-    32, 64 filters of 3 x 3: 75M multiply-adds), forward and both gradients, beside PyTorch's
-    float32 computation on the same rounded values."""
+    """A convolution large enough to be unfolded for tensor cores on GPUs (2 x 64 x 32 x 32, 64
+    filters of 3 x 3: 75M multiply-adds) in ``dtype``, forward and both gradients, beside
+    PyTorch's float32 computation on the same rounded values."""
     xs, ws, gs = _rand((2, 64, 32, 32), seed), _rand((64, 64, 3, 3), seed + 1) * 0.05, \
         _rand((2, 64, 32, 32), seed + 2)
     x = ag.tensor(xs, device=device).cast(dtype).realize().requires_grad_()
@@ -513,9 +513,11 @@ HOPPER = {"cc": (9, 0), "wgmma": True, "max_shared": 227 * 1024, "units": 132}
 
 def _as_on_hopper(monkeypatch: pytest.MonkeyPatch) -> list[KernelItem]:
     """Schedule the processor's graphs as for an H100 (run on the processor): the kernels
-    scheduled from now on."""
+    scheduled from now on. (The plans made meanwhile are dropped with the test.)"""
+    from anygpu.graph import plans
     from anygpu.graph import schedule as sched
 
+    monkeypatch.setattr(plans, "_plans", {})
     monkeypatch.setattr(sched, "_dialect", lambda device: "cuda")
     monkeypatch.setitem(get_device("cpu").info.extra, "cc", (9, 0))
     kernels: list[KernelItem] = []
