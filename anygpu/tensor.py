@@ -740,8 +740,9 @@ class Tensor:
         return x._custom("tanh", (), None, compute)
 
     def relu(self) -> "Tensor":
-        # NaN stays NaN, as in PyTorch; the gradient reads the output, as PyTorch's does, so a
-        # convolution fused with its ReLU is not computed again for the backward pass's mask
+        # NaN stays NaN, as in PyTorch. The gradient reads the output, as PyTorch's does: the
+        # next layer stores it anyway, while the input (a convolution's result fused into this
+        # kernel) would have to be kept for the backward pass or computed again
         return self._custom("relu", (), None,
                             lambda: self.le(0)._select(self._const_like(0), self))
 
