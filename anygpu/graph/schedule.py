@@ -1176,17 +1176,17 @@ def _key(item: KernelItem, device: Device, features: tuple) -> tuple:
     return (item.signature, device.name, features)
 
 
-def _lower(item: KernelItem, device: Device, features: dict,
+def _lower(item: KernelItem, device: Device, features: dict, feature_key: tuple,
            inputs: Sequence[Buffer] | None) -> tuple[ir.Kernel, str]:
     """The item's kernel and its source for ``device``, in a tuned configuration where one is
-    stored (``inputs``: the buffers to tune on, None where they are not computed yet)."""
+    stored (``inputs``: the buffers to tune on, None where they are not computed yet;
+    ``feature_key``: ``features`` as ``_features_of`` keys them)."""
     ast = item.ast
     for p in [ast.output, *ast.inputs]:
         device.check_dtype(p.dtype)
     lowering = time.perf_counter()
     # what lowering reads of the device (see to_ir), not its name: another process's device
-    key = (item.signature, device.dialect, device.info.max_local_size,
-           tuple(sorted(features.items())))
+    key = (item.signature, device.dialect, device.info.max_local_size, feature_key)
     kept = disk.load("kernel", key) if item.signature else None
     if kept is None:
         kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size, features)
@@ -1227,7 +1227,7 @@ def _prebuild(items: Sequence[Item]) -> None:
         if tune.level() > 0 and gemm.match(item.ast) is not None:
             continue
         try:
-            kernel, source = _lower(item, device, features, None)
+            kernel, source = _lower(item, device, features, feature_key, None)
         except Exception:  # noqa: BLE001 (prepare lowers it again and raises)
             continue
         if len(_rendered) > 4096:  # left by steps that failed before running them
@@ -1251,7 +1251,8 @@ def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
     if hit is None:
         ready = _rendered.pop(key, None)
         kernel, source = ready if ready is not None else \
-            _lower(item, device, features, [input_buffer(inp) for inp in ast.inputs])
+            _lower(item, device, features, feature_key,
+                   [input_buffer(inp) for inp in ast.inputs])
         program = device.program(source, kernel.name)
         if "host_contraction" in kernel.meta:
             program = device.contraction_program(program, kernel.meta["host_contraction"])

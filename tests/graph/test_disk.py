@@ -9,12 +9,12 @@ import pickle
 import numpy as np
 import pytest
 
-import anygpu as ag
-from anygpu import config, nn
+from test_plans import _train
+
+from anygpu import config
 from anygpu.codegen import ir, lower
 from anygpu.graph import disk, plans
 from anygpu.graph import schedule as sched
-from anygpu.nn import functional as F
 
 
 @pytest.fixture
@@ -37,31 +37,13 @@ def _forget(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plans, "_plans", {})
 
 
-def _train(device: str) -> tuple[list[float], list[np.ndarray]]:
-    ag.manual_seed(7)
-    model = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(),
-                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(6 * 4 * 4, 5)).to(device)
-    opt = ag.optim.Adam(model.parameters(), lr=1e-2)
-    data = np.random.default_rng(8)
-    losses = []
-    for _ in range(3):
-        x = ag.tensor(data.standard_normal((4, 3, 8, 8)).astype(np.float32), device=device)
-        y = ag.tensor(data.integers(0, 5, 4), device=device)
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses, [p.numpy() for p in model.parameters()]
-
-
 def _entries(root, kind: str) -> list:
     return list(root.glob(f"lowered/*/{kind}/*"))
 
 
 def test_a_new_process_reads_the_kernels_lowered_before(
         device: str, cache, monkeypatch: pytest.MonkeyPatch) -> None:
-    losses, params = _train(device)
+    losses, params = _train(device, 3)
     assert np.isfinite(losses).all() and losses[-1] != losses[0]
     asts, kernels = _entries(cache, "ast"), _entries(cache, "kernel")
     assert len(asts) > 10 and len(kernels) > 10
@@ -73,7 +55,7 @@ def test_a_new_process_reads_the_kernels_lowered_before(
 
     monkeypatch.setattr(lower, "build_kernel", no_lowering)
     monkeypatch.setattr(lower, "to_ir", no_lowering)
-    again, params_again = _train(device)
+    again, params_again = _train(device, 3)
     np.testing.assert_array_equal(again, losses)
     for a, b in zip(params_again, params):
         np.testing.assert_array_equal(a, b)
@@ -85,13 +67,11 @@ def test_entries_of_other_code_are_not_read_and_are_removed(
     key = ("sum", (4, 5), "float32")
     disk.save("ast", key, [1, 2, 3])
     assert disk.load("ast", key) == [1, 2, 3]
-    old = disk.code_hash()
     monkeypatch.setattr(disk, "_code", "another-code")
     assert disk.load("ast", key) is None
     disk.save("ast", key, [4])
     assert disk.load("ast", key) == [4]
     assert [p.name for p in (cache / "lowered").iterdir()] == ["another-code"]
-    assert old != "another-code"
 
 
 def test_only_the_key_written_is_read(cache, monkeypatch: pytest.MonkeyPatch) -> None:
