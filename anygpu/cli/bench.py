@@ -13,7 +13,10 @@ plain loop, as most programs are written; its rows also give the kernels of a st
 host time per kernel, ``host_per_kernel``). Precisions: ``fp32`` (exact float32 products, tf32
 off on both sides), ``tf32`` (``set_float32_matmul_precision("high")``, PyTorch's tf32 on)
 and ``bf16`` (``anygpu.autocast``: products and convolutions in bfloat16 with float32
-weights, PyTorch's autocast with channels_last beside it).
+weights, PyTorch's autocast with channels_last beside it). ``--compare torch torch-compile``
+runs PyTorch eager and ``torch.compile`` (CUDA-graph mode on a GPU: ``mode="reduce-overhead"``,
+the optimizer's step compiled too) beside; the compiled row's first step is its compile time and
+its peak memory is taken from its first step on (the CUDA graphs' pools are taken at capture).
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ class Row:
     ms: float  # median time of a step
     images_per_s: float
     peak_mib: float | None  # None where the framework cannot say (PyTorch on the processor)
-    ratio: float | None = None  # anygpu's time over PyTorch's, on anygpu's rows with --compare
+    ratio: float | None = None  # anygpu's time over PyTorch eager's, on anygpu's rows
+    ratio_compiled: float | None = None  # anygpu's time over torch.compile's, on anygpu's rows
     # without jit: the kernels of a step and the host time per kernel (graph building,
     # scheduling, launching), see ``host_per_kernel``
     kernels: int | None = None
@@ -233,7 +237,10 @@ def torch_device(device: str) -> str:
 
 
 def run_torch(mode: str, model_name: str, batch: int, size: int, device: str, steps: int,
-              precision: str) -> Row:
+              precision: str, compiled: bool = False) -> Row:
+    """PyTorch's step, eager or (``compiled``) through ``torch.compile``: on a GPU in its
+    CUDA-graph mode (``mode="reduce-overhead"``), the model's forward and backward compiled
+    and the optimizer's step too; its first step is the compile time."""
     try:
         import torch
         import torchvision
@@ -260,22 +267,31 @@ def run_torch(mode: str, model_name: str, batch: int, size: int, device: str, st
             return torch.autocast(tdev.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    forward = model
+    compile_mode = "reduce-overhead" if cuda else None
+    if compiled:
+        forward = torch.compile(model, mode=compile_mode)
     if mode == "train":
         model.train()
         opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+        update = torch.compile(opt.step, mode=compile_mode) if compiled else opt.step
 
         def step() -> None:
+            if compiled:
+                torch.compiler.cudagraph_mark_step_begin()
             opt.zero_grad()
             with context():
-                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss = torch.nn.functional.cross_entropy(forward(x), y)
             loss.backward()
-            opt.step()
+            update()
     else:
         model.eval()
 
         def step() -> None:
+            if compiled:
+                torch.compiler.cudagraph_mark_step_begin()
             with torch.no_grad(), context():
-                model(x)
+                forward(x)
 
     def timed() -> float:
         start = time.perf_counter()
@@ -284,16 +300,19 @@ def run_torch(mode: str, model_name: str, batch: int, size: int, device: str, st
             torch.cuda.synchronize(tdev)
         return time.perf_counter() - start
 
+    if cuda and compiled:  # CUDA graphs take their memory while captured, in the first steps
+        torch.cuda.synchronize(tdev)
+        torch.cuda.reset_peak_memory_stats(tdev)
     first = timed()
     for _ in range(WARMUP):
         timed()
-    if cuda:
+    if cuda and not compiled:
         torch.cuda.reset_peak_memory_stats(tdev)
     times = [timed() for _ in range(steps)]
     peak = torch.cuda.max_memory_allocated(tdev) / 2**20 if cuda else None
     ms = statistics.median(times) * 1e3
-    return Row("torch", str(tdev), mode, model_name, precision, batch, size, steps, False,
-               first, ms, batch / ms * 1e3, peak)
+    return Row("torch.compile" if compiled else "torch", str(tdev), mode, model_name, precision,
+               batch, size, steps, False, first, ms, batch / ms * 1e3, peak)
 
 
 # ---- the command -------------------------------------------------------------------------------
@@ -316,17 +335,21 @@ def _devices(names: Sequence[str]) -> list[str]:
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    head = (f"{'framework':9s} {'device':9s} {'mode':5s} {'model':13s} {'prec':4s} "
+    compiled = any(r.ratio_compiled is not None for r in rows)
+    head = (f"{'framework':13s} {'device':9s} {'mode':5s} {'model':13s} {'prec':4s} "
             f"{'batch':>5s} {'size':>4s} {'first s':>8s} {'ms/step':>9s} {'img/s':>8s} "
-            f"{'peak MiB':>9s} {'ratio':>6s}")
+            f"{'peak MiB':>9s} {'ratio':>6s}" + (f" {'/compile':>8s}" if compiled else ""))
     lines = [head, "-" * len(head)]
     for r in rows:
         peak = f"{r.peak_mib:9.0f}" if r.peak_mib is not None else f"{'n/a':>9s}"
         ratio = f"{r.ratio:5.2f}x" if r.ratio is not None else ""
-        name = r.framework + ("" if r.framework == "torch" or r.jit else "*")
-        lines.append(f"{name:9s} {r.device:9s} {r.mode:5s} {r.model:13s} {r.precision:4s} "
-                     f"{r.batch:5d} {r.size:4d} {r.first_step_s:8.1f} {r.ms:9.2f} "
-                     f"{r.images_per_s:8.1f} {peak} {ratio:>6s}")
+        name = r.framework + ("" if r.framework != "anygpu" or r.jit else "*")
+        line = (f"{name:13s} {r.device:9s} {r.mode:5s} {r.model:13s} {r.precision:4s} "
+                f"{r.batch:5d} {r.size:4d} {r.first_step_s:8.1f} {r.ms:9.2f} "
+                f"{r.images_per_s:8.1f} {peak} {ratio:>6s}")
+        if r.ratio_compiled is not None:
+            line += f" {r.ratio_compiled:7.2f}x"
+        lines.append(line)
     plain = [r for r in rows if not r.jit and r.framework == "anygpu"]
     if plain:
         lines.append("* without jit; host time per kernel (graph building, scheduling, "
@@ -378,7 +401,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--device", default=["cpu"], nargs="+", help="device names, or all")
     p.add_argument("--steps", type=int, default=10, help="timed steps after the warm-up")
     p.add_argument("--precision", choices=PRECISIONS, default=["fp32"], nargs="+")
-    p.add_argument("--compare", choices=("torch",), help="run PyTorch beside, same device")
+    p.add_argument("--compare", choices=("torch", "torch-compile"), nargs="+", default=[],
+                   help="run PyTorch beside on the same device: eager, and/or torch.compile "
+                   "(CUDA-graph mode on a GPU; its first step is its compile time)")
     p.add_argument("--no-jit", action="store_true", help="plain steps, not captured by jit")
     p.add_argument("--json", action="store_true", help="one JSON object per row")
     p.add_argument("--plot", metavar="PNG", help="draw the table as a bar chart")
@@ -401,10 +426,14 @@ def main(args: argparse.Namespace) -> int:
                 row = run_anygpu(args.mode, model, args.batch, args.size, device, args.steps,
                                  precision, use_jit=not args.no_jit, profile=args.profile)
                 new = [row]
-                if args.compare == "torch":
+                for peer_name in args.compare:
                     peer = run_torch(args.mode, model, args.batch, args.size,
-                                     torch_device(device), args.steps, precision)
-                    row.ratio = row.ms / peer.ms
+                                     torch_device(device), args.steps, precision,
+                                     compiled=peer_name == "torch-compile")
+                    if peer.framework == "torch":
+                        row.ratio = row.ms / peer.ms
+                    else:
+                        row.ratio_compiled = row.ms / peer.ms
                     new.append(peer)
                 rows += new
                 for r in new:

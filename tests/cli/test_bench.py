@@ -79,3 +79,33 @@ def test_without_jit_the_host_time_per_kernel_is_reported(
     assert 0 < row["host_us_per_kernel"] < 2 * row["ms"] * 1e3 / row["kernels"]
     table = bench.format_table([bench.Row(**row)])
     assert f"resnet18 {row['host_us_per_kernel']:.0f} us ({row['kernels']} kernels" in table
+
+
+def test_compare_runs_pytorch_eager_and_compiled_beside(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch")
+    import sys
+    import types
+
+    # a stand-in for torchvision's model (not installed with the tests): the rows' plumbing
+    # is what is checked here, the models' equality in tests/models
+    def resnet18(weights: object = None) -> object:
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(),
+                                   torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                   torch.nn.Linear(8, 1000))
+
+    monkeypatch.setitem(sys.modules, "torchvision",
+                        types.SimpleNamespace(models=types.SimpleNamespace(resnet18=resnet18)))
+    code = bench.main(_args("infer", "--model", "resnet18", "--batch", "2", "--size", "32",
+                            "--steps", "2", "--device", "cpu", "--compare", "torch",
+                            "torch-compile", "--json"))
+    assert code == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+            if line.startswith("{")]
+    assert [r["framework"] for r in rows] == ["anygpu", "torch", "torch.compile"]
+    ours, eager, compiled = rows
+    assert ours["ratio"] == pytest.approx(ours["ms"] / eager["ms"])
+    assert ours["ratio_compiled"] == pytest.approx(ours["ms"] / compiled["ms"])
+    assert all(r["ms"] > 0 and r["first_step_s"] > 0 for r in rows)
+    table = bench.format_table([bench.Row(**r) for r in rows])
+    assert "/compile" in table and "torch.compile" in table
