@@ -156,6 +156,9 @@ class JitFunction:
                     get_device(t.device).copy(buf, t.lazy.buffer)
             if sched.profiling is None:
                 c.graph()
+            elif getattr(c.graph, "timed_by_step", False):  # each kernel timed on its own
+                for step in c.steps:
+                    step()
             else:  # one event for the whole graph: its kernels are not timed one by one
                 sched.profiling.graph(c.graph, self.fn.__name__, c.steps)
         else:
@@ -308,7 +311,8 @@ def _pool(device: Device, bids: list[int], info: dict[int, tuple[int, Device]],
 
 
 def _make_graph(c: Captured, inputs: list[Any]) -> None:
-    """On backends with device graphs (CUDA), record the whole replay as one graph."""
+    """Record the whole replay as one piece where the device can: a CUDA graph; on OpenCL
+    and WebGPU, the launches with their arguments bound once (see ``Device.recorded``)."""
     devices = {st.buffers[0].device for st in c.steps}
     # a transfer between devices goes through the host, which a device graph cannot hold
     if len(devices) != 1 or any(isinstance(st, sched.TransferCopy) for st in c.steps):

@@ -270,9 +270,29 @@ class Device:
         self.allocator = CachingAllocator(self)
         self._programs: dict[tuple[str, str], Program] = {}
         self._libraries: dict[str, Any] = {}  # shared libraries loaded, by path
+        self._capture = threading.local()  # see recorded()
 
     def __repr__(self) -> str:
         return f"<Device {self.name} {self.info.name!r}>"
+
+    # ---- jit's replays on devices without graphs ------------------------------------------------
+    def recorded(self, steps: Sequence[Callable[[], object]]) -> list[Any]:
+        """Run ``steps`` (jit's launches and copies) with this thread's work recorded instead of
+        queued: what the backend's launch and copy paths append while ``recording`` is not None
+        (the OpenCL and WebGPU replays; CUDA captures a graph instead)."""
+        calls: list[Any] = []
+        self._capture.calls = calls
+        try:
+            for step in steps:
+                step()
+        finally:
+            self._capture.calls = None
+        return calls
+
+    @property
+    def recording(self) -> list[Any] | None:
+        """The list this thread's launches and copies go to instead of the queue, or None."""
+        return getattr(self._capture, "calls", None)
 
     # ---- what a backend implements ------------------------------------------------------------
     @property

@@ -308,6 +308,10 @@ class WebGPUProgram(Program):
         self._check(buffers, grid, local)
         try:
             bind_group = self._bind_group(tuple(b.handle for b in buffers))
+            recording = dev.recording
+            if recording is not None:  # the bind group kept by the replay, not the cache
+                recording.append((self.pipeline, bind_group, grid))
+                return
             encoder = dev.gpu.create_command_encoder()
             compute = encoder.begin_compute_pass(timestamp_writes=timestamp_writes)
             compute.set_pipeline(self.pipeline)
@@ -325,6 +329,55 @@ class WebGPUProgram(Program):
 # Queries per query set of a TimestampTimer (WebGPU allows at most 4096 per set); every piece
 # of work takes two, so pairs never straddle two sets
 _QUERY_SET_SIZE = 4096
+
+
+class WebGPUReplay:
+    """jit's replay of a captured step on one device: its dispatches with their bind groups
+    made once, encoded in a few compute passes (a copy ends one) and submitted in command
+    buffers of ``_REPLAY_CHUNK`` dispatches, where a launch alone takes an encoder, a pass and
+    a submit of its own (and a bind group, as the cache holds fewer than a step uses). WebGPU
+    orders the dispatches of a pass that write and read one buffer, as separate submits do."""
+
+    timed_by_step = True  # under anygpu.profile, jit runs the steps one by one, each timed
+
+    def __init__(self, device: "WebGPUDevice", items: list[tuple[Any, Any, Any]]):
+        # (pipeline, bind group, grid) for a dispatch; (source, destination, bytes) for a copy
+        self.device, self.items = device, items
+
+    def __call__(self) -> None:
+        gpu = self.device.gpu
+        try:
+            encoder, compute, pipeline, queued = gpu.create_command_encoder(), None, None, 0
+            for item in self.items:
+                if isinstance(item[2], tuple):
+                    if compute is None:
+                        compute, pipeline = encoder.begin_compute_pass(), None
+                    if item[0] is not pipeline:
+                        pipeline = item[0]
+                        compute.set_pipeline(pipeline)
+                    compute.set_bind_group(0, item[1])
+                    compute.dispatch_workgroups(*item[2])
+                    queued += 1
+                    if queued % _REPLAY_CHUNK:
+                        continue
+                    compute.end()  # the device starts on these while the rest is encoded
+                    gpu.queue.submit([encoder.finish()])
+                    encoder, compute = gpu.create_command_encoder(), None
+                    continue
+                if compute is not None:
+                    compute.end()
+                    compute = None
+                encoder.copy_buffer_to_buffer(item[0], 0, item[1], 0, item[2])
+            if compute is not None:
+                compute.end()
+            gpu.queue.submit([encoder.finish()])
+        except wgpu.GPUError as err:
+            raise DeviceError(f"{self.device.name}: replaying a captured step failed:\n{err}") \
+                from err
+
+
+# dispatches per command buffer of a replay
+_REPLAY_CHUNK = 128
 
 
 class TimestampTimer(QueueTimer):
@@ -541,6 +594,10 @@ class WebGPUDevice(Device):
     def _copy(self, dst: Any, src: Any, nbytes: int) -> None:
         if nbytes == 0:
             return
+        recording = self.recording
+        if recording is not None:
+            recording.append((src, dst, _round4(nbytes)))
+            return
         encoder = self.gpu.create_command_encoder()
         # both handles hold at least the padded size: the allocator pads every buffer alike
         encoder.copy_buffer_to_buffer(src, 0, dst, 0, _round4(nbytes))
@@ -594,6 +651,10 @@ class WebGPUDevice(Device):
             raise DeviceError(f"{self.name}: building the pipeline of kernel {name} failed:\n"
                               f"{err}\n--- source ---\n{code}") from err
         return WebGPUProgram(self, name, pipeline, layout, nbuffers, _workgroup_size(code, name))
+
+    def capture_graph(self, steps: Sequence[Callable[[], object]]) -> "WebGPUReplay":
+        """``steps`` (jit's launches and copies) ready to be encoded again and again."""
+        return WebGPUReplay(self, self.recorded(steps))
 
     def queue_timer(self) -> QueueTimer:
         # without timestamps: the default, which waits for the queue around each launch
