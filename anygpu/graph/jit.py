@@ -311,8 +311,8 @@ def _pool(device: Device, bids: list[int], info: dict[int, tuple[int, Device]],
 
 
 def _make_graph(c: Captured, inputs: list[Any]) -> None:
-    """Record the whole replay as one piece where the device can: a CUDA graph; on OpenCL
-    and WebGPU, the launches with their arguments bound once (see ``Device.recorded``)."""
+    """Record the whole replay as one piece where the device can: a CUDA graph; on WebGPU,
+    the dispatches with their bind groups made once (see ``Device.recorded``)."""
     devices = {st.buffers[0].device for st in c.steps}
     # a transfer between devices goes through the host, which a device graph cannot hold
     if len(devices) != 1 or any(isinstance(st, sched.TransferCopy) for st in c.steps):

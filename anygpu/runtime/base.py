@@ -279,7 +279,7 @@ class Device:
     def recorded(self, steps: Sequence[Callable[[], object]]) -> list[Any]:
         """Run ``steps`` (jit's launches and copies) with this thread's work recorded instead of
         queued: what the backend's launch and copy paths append while ``recording`` is not None
-        (the OpenCL and WebGPU replays; CUDA captures a graph instead)."""
+        (WebGPU's replays; CUDA captures a graph instead)."""
         calls: list[Any] = []
         self._capture.calls = calls
         try:

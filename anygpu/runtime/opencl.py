@@ -112,9 +112,9 @@ SOURCE_MARK = b"anygpu-opencl-source\n"
 class OpenCLProgram(Program):
     def __init__(self, device: OpenCLDevice, name: str, program: Any, symbol: str | None = None):
         super().__init__(device, name)
-        self.program, self.symbol = program, symbol or name
+        self.program = program
         with device._errors(f"creating kernel {name}"):
-            self.kernel = cl.Kernel(program, self.symbol)
+            self.kernel = cl.Kernel(program, symbol or name)
         # Kernel arguments are state on the kernel object: set them and enqueue as one step.
         self._lock = threading.Lock()
 
@@ -142,13 +142,6 @@ class OpenCLProgram(Program):
         global_size = tuple(n_groups * n_local for n_groups, n_local in zip(groups, local))
         device: OpenCLDevice = self.device  # type: ignore[assignment]
         try:
-            recording = device.recording
-            if recording is not None:  # a kernel object of its own, its arguments set for good
-                kernel = cl.Kernel(self.program, self.symbol)
-                kernel.set_args(*(b.handle for b in buffers))
-                recording.append(functools.partial(cl.enqueue_nd_range_kernel, device.queue,
-                                                   kernel, global_size, local))
-                return None
             with self._lock:
                 self.kernel.set_args(*(b.handle for b in buffers))
                 return cl.enqueue_nd_range_kernel(device.queue, self.kernel, global_size, local)
@@ -156,30 +149,6 @@ class OpenCLProgram(Program):
             raise DeviceError(f"{device.name}: launching kernel {self.name} with "
                               f"groups={groups} local={local} on {len(buffers)} buffers "
                               f"failed: {err}") from err
-
-
-class OpenCLReplay:
-    """jit's replay of a captured step on one device: each kernel on a kernel object of its
-    own with its arguments set once, so that a replay only queues them (setting a kernel's
-    arguments costs the host more than queueing it), flushed to the device as it goes."""
-
-    timed_by_step = True  # under anygpu.profile, jit runs the steps one by one, each timed
-
-    def __init__(self, device: "OpenCLDevice", calls: list[Callable[[], object]]):
-        self.device, self.calls = device, calls
-
-    def __call__(self) -> None:
-        queue = self.device.queue
-        with self.device._errors("replaying a captured step"):
-            for i, call in enumerate(self.calls, 1):
-                call()
-                if i % _FLUSH_EVERY == 0:  # the device starts while the rest is queued
-                    queue.flush()
-            queue.flush()
-
-
-# launches queued between flushes in a replay
-_FLUSH_EVERY = 64
 
 
 class ProfilingTimer(QueueTimer):
@@ -389,11 +358,6 @@ class OpenCLDevice(Device):
     def _copy(self, dst: Any, src: Any, nbytes: int) -> None:
         if nbytes == 0:
             return
-        recording = self.recording
-        if recording is not None:
-            recording.append(functools.partial(cl.enqueue_copy, self.queue, dst, src,
-                                               byte_count=nbytes))
-            return
         with self._errors(f"copying {nbytes} bytes on the device"):
             cl.enqueue_copy(self.queue, dst, src, byte_count=nbytes)
 
@@ -478,10 +442,6 @@ class OpenCLDevice(Device):
 
     def queue_timer(self) -> QueueTimer:
         return ProfilingTimer(self)
-
-    def capture_graph(self, steps: Sequence[Callable[[], object]]) -> OpenCLReplay:
-        """``steps`` (jit's launches and copies) ready to be queued again and again."""
-        return OpenCLReplay(self, self.recorded(steps))
 
 
 DEVICE = OpenCLDevice
