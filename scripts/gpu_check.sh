@@ -4,7 +4,8 @@
 # ./gpu-results): devices.txt, tests-<backend>.txt, bench.txt, bench.json, bench-jit.txt,
 # bench-gemm.txt, bench-conv.txt, bench-norm.txt, bench-loops.txt, bench-demo.txt,
 # bench-models-{train,infer}.txt, bench-onnx.txt, onnx-nodes-<backend>.txt, bench-llm.txt
-# (the models mode: MODELS, PRECISIONS, MODES, STEPS, BENCH_DEVICES choose what runs; the llm
+# (the models mode: MODELS, PRECISIONS, MODES, STEPS, BENCH_DEVICES, COMPARE ("torch
+# torch-compile" adds torch.compile's CUDA-graph mode) choose what runs; the llm
 # mode: LLM_CONFIG, LLM_QUANTS, LLM_DEVICES, LLM_ARGS, LLM_COMPARE).
 #
 # Optional inputs in the repository root: .whl/ (wheels for packages the machine lacks, e.g.
@@ -74,7 +75,8 @@ if [ "$what" = models ] || [ "$what" = all ]; then
   for mode in ${MODES:-train infer}; do
     timeout "${BENCH_TIMEOUT:-540}" python3 -m anygpu.cli.main bench "$mode" --model ${MODELS:-all} \
       --device ${BENCH_DEVICES:-cuda} --precision ${PRECISIONS:-fp32} --batch 16 --size 224 \
-      --steps ${STEPS:-10} --compare torch --json 2>&1 | tee "$out/bench-models-$mode.txt" \
+      --steps ${STEPS:-10} --compare ${COMPARE:-torch} --json 2>&1 \
+      | tee "$out/bench-models-$mode.txt" \
       || status=1
   done
 fi
