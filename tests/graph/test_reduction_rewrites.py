@@ -216,3 +216,46 @@ def test_a_normalization_over_few_long_rows_stores_its_sum_split(device: str) ->
     assert _kernels(out) == (3 if _splits(device) else 1)
     want = xs - xs.astype(np.float64).mean((0, 2, 3), keepdims=True)
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+
+
+def test_a_linear_layer_under_its_activation_runs_once(device: str) -> None:
+    """A classifier of linear layers under ReLU and dropout (a CNN's): the first layer's
+    product (few rows, a long sum) is stored by a kernel of its own, which splits on a GPU,
+    and the forward pass and ReLU's gradient both read it from there, so that a training step
+    computes it once; it had run whole in the forward pass and again, split, for ReLU's
+    gradient. The loss and the gradients against PyTorch."""
+    rng = np.random.default_rng(30)
+    shapes = [(512, 4096), (512,), (256, 512), (256,), (10, 256), (10,)]
+    host = [rng.standard_normal(s).astype(np.float32) * (0.02 if len(s) == 2 else 1)
+            for s in shapes]
+    xs = rng.standard_normal((16, 4096)).astype(np.float32)
+    masks = [(rng.random((16, n)) > 0.5).astype(np.float32) * 2 for n in (512, 256)]
+    labels = rng.integers(0, 10, 16)
+
+    def step(lib, params, x, k1, k2, y):
+        w1, b1, w2, b2, w3, b3 = params
+        h = lib.relu(x @ w1.T + b1) * k1
+        h = lib.relu(h @ w2.T + b2) * k2
+        return lib.cross_entropy(h @ w3.T + b3, y)
+
+    params = [ag.tensor(h, device=device, requires_grad=True) for h in host]
+    inputs = [ag.tensor(a, device=device) for a in (xs, *masks, labels)]
+    with ag.profile() as prof:
+        loss = step(F, params, *inputs)
+        loss.backward()
+        value = loss.item()
+    # the first layer's forward product (whole, or its partial sums) and its weight gradient's
+    layer = 2 * 16 * 512 * 4096
+    assert sum(e.kind == "kernel" and e.flops == layer for e in prof.events) == 2
+
+    tparams = [torch.from_numpy(h).requires_grad_() for h in host]
+    tloss = step(torch.nn.functional, tparams, torch.from_numpy(xs),
+                 *[torch.from_numpy(k) for k in masks], torch.from_numpy(labels))
+    tloss.backward()
+    assert abs(value - tloss.item()) <= 1e-4 * max(1.0, abs(tloss.item()))
+    for p, t in zip(params, tparams):
+        assert p.grad is not None and t.grad is not None
+        np.testing.assert_allclose(p.grad.numpy(), t.grad.numpy(), rtol=2e-4,
+                                   atol=2e-4 * float(t.grad.abs().max()))

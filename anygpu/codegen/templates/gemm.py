@@ -210,6 +210,11 @@ def choose(c: Contraction, max_local: int, units: int = 0) -> GemmOptions | None
     the device does not say), or None where the template does not pay (small products stay
     with the generic reduction)."""
     m, n, k = c.M, c.N, c.K
+    # outputs of the whole product: a batch of products (Winograd's 16 transformed ones, a
+    # split weight gradient's partials) fills the device as one product of as many outputs
+    outputs = math.prod(d[1] for d in c.batch) * m * n
+    if FEW_ROWS <= min(m, n) < 32 and max(m, n) >= 1 << 16 and k <= THIN_K:
+        return _thin(c) if _thin(c).threads <= max_local else None
     if FEW_ROWS <= min(m, n) < 32 and max(m, n) >= 32 and c.flops >= 1 << 23 and \
             all(ld.dtype == float32 for ld in loads(c.x) + loads(c.y)):
         # a float32 linear layer of a batch of 16 to 31 rows: one tile of 16 rows (a thread
@@ -222,14 +227,16 @@ def choose(c: Contraction, max_local: int, units: int = 0) -> GemmOptions | None
         return rows if rows.threads <= max_local else None
     if m < 32 or n < 32 or k < 8 or m * n * k < 1 << 18:
         return None
-    if not c.x_contiguous_k or min(m, n) <= NARROW and m * n >= 1 << 20:
+    batched = len(c.batch) > 0
+    narrow = min(m, n) <= NARROW
+    if not c.x_contiguous_k or narrow and outputs >= 1 << 20 and not batched:
         # a convolution's rows (pixels, contiguous in memory), or a side of 64 or fewer (a
         # convolution of 64 channels): tiles of 64 along it, not half a tile of nothing (on an
         # H200, ResNet-18's 3x3 convolutions of 64 channels at 56 x 56, batch 16: 550-580 us
         # on 128 x 128 tiles, 290-320 on 64-wide ones); with fewer than WAVE_TILES tiles per
         # compute unit, the longer side of the tile halved (down to 64 x 32: the ladder below
         # ran ResNet-50's 1x1 convolutions up to 2.3x slower)
-        if m * n < 1 << 20:
+        if outputs < 1 << 20:
             opts = GemmOptions(block_m=64, block_n=64, block_k=16, thread_m=4, thread_n=4)
         else:
             opts = GemmOptions(block_m=128 if m > NARROW else 64,
@@ -254,19 +261,59 @@ def choose(c: Contraction, max_local: int, units: int = 0) -> GemmOptions | None
     # products from the previous ladder (128 x 64, then 64 x 32 with 4 x 4 per thread) to this
     # one: 1024 x 3072 x 768 150 -> 130 us (128 x 64), 1024 x 2304 x 768 150 -> 112 (64 x 64 in
     # two slices), 1024 x 768 x 768 57 -> 47 and 1024 x 768 x 3072 196 -> 160 (64 x 32 in two
-    # slices), bounds checks dropped too.
-    opts = GemmOptions(64, 64, 16, 4, 4) if m * n < 1 << 20 else GemmOptions()
-    if not units or _tiles(c, opts) >= WAVE_TILES * units:
+    # slices), bounds checks dropped too. Batched products count all their outputs: Winograd's
+    # 16 products of 512 x 784 x 512 (VGG-16's 14 x 14 layers, batch 16) ran 1.3-1.5x slower on
+    # the 64 x 64 tiles of 4 x 4 a thread that one product of their size takes.
+    # A batch of products with a side of 64 or fewer (a split weight gradient of a 64-channel
+    # convolution) starts on the ladder's tiles that are 64 wide along that side: on an H200,
+    # VGG-16's first one (32 partial products of 64 x 576 x 25088) ran 1.17x faster on 64 x 32
+    # tiles in two slices than on 64 x 64 ones of 4 x 4 a thread.
+    wide = outputs >= 1 << 20 and narrow and batched
+    opts = GemmOptions(64, 64, 16, 4, 4) if outputs < 1 << 20 else GemmOptions()
+    if not wide and (not units or _tiles(c, opts) >= WAVE_TILES * units):
         return opts if opts.threads <= max_local else None
-    for smaller in _LADDER:
+    ladder = [o for o in _LADDER if not wide or (o.block_m <= NARROW or m > NARROW) and
+              (o.block_n <= NARROW or n > NARROW)]
+    if batched and k >= LONG_K and not c.y_contiguous_n:
+        # both operands in runs along a long k (Winograd's weight gradients: 16 products of
+        # 256 x 256 over 12,544 tiles): the ladder stops at 64 x 64 tiles in two slices, 1.2-1.6x
+        # faster there on an H200 than 64 x 32 ones, even at half a tile per compute unit
+        ladder = ladder[:2]
+    for smaller in ladder:
         opts = smaller
         if _tiles(c, opts) >= LADDER_TILES * units:
             break
     return opts if opts.threads <= max_local else None
 
 
+# summed elements up to which a product with a side of FEW_ROWS to 31 and another of 64K or more
+# is a transform rather than a layer (Winograd's tiles: 16 x 16 or 16 x 4 constants against
+# millions of rows), which ``_thin`` tiles
+THIN_K = 32
+
+
+def _thin(c: Contraction) -> GemmOptions:
+    """Tiles for a transform-like product (see THIN_K), as the tuner found them on an H200
+    for the Winograd transforms of VGG-16 at batch 16 (each 1.2-1.5x faster than the
+    16-row tiles of a linear layer, which read their weights once but store in short runs):
+    four summed elements 128 x 64 with 8 x 8 a thread; sixteen, 64 x 64 with 4 x 4 where the
+    long side's operand runs along k, else 64 x 32 with 8 x 4 in two slices. The long side
+    is always the tile's first."""
+    if c.K <= 4:
+        opts = GemmOptions(128, 64, 8, 8, 8)
+    elif c.x_contiguous_k if c.M >= c.N else not c.y_contiguous_n:
+        opts = GemmOptions(64, 64, 16, 4, 4)
+    else:
+        opts = GemmOptions(64, 32, 16, 8, 4, slices=2)
+    if c.M < c.N:
+        opts = dataclasses.replace(opts, block_m=opts.block_n, block_n=opts.block_m,
+                                   thread_m=opts.thread_n, thread_n=opts.thread_m)
+    return opts
+
+
 # tiles per compute unit that a tile of the ladder below must make to be taken
 LADDER_TILES = 2.5
+LONG_K = 4096  # summed elements from which a batch's ladder keeps 64 x 64 tiles (see choose)
 _LADDER = [GemmOptions(128, 64, 8, 8, 8), GemmOptions(64, 64, 16, 8, 8, min_blocks=1, slices=2),
            GemmOptions(64, 32, 16, 8, 4, slices=2)]
 
