@@ -288,13 +288,15 @@ def _choose_spec(root: Lazy) -> lower.KernelSpec:
     but stored by a kernel of its own, which splits it: as an epilogue it ran one work-group
     per row (batch norm's gradient over ResNet's stem, 64 rows of 200,704: 6.5 ms of a 24 ms
     training step on an H100). So is a product that would split under an epilogue of its own
-    outputs (a linear layer's bias and activation): whole, VGG-16's first classifier layer (16
+    outputs in float32 (a linear layer's bias and activation; 16-bit ones of few rows stay whole
+    for the tensor cores' rows template): whole, VGG-16's first classifier layer (16
     x 4096 outputs over 25,088 products each) ran as 64 work-groups at 245 GB/s, 1.7 ms on an
     H200; stored, it splits, and the epilogue runs after the partial sums are added."""
     spec = lower.choose_spec(root)
     kept = []
     while spec.reduction is not None and spec.reduction is not root and \
-            (not spec.reduced_output or _summed_product(spec.reduction) is not None) and \
+            (not spec.reduced_output or spec.reduction.dtype == float32 and
+             _summed_product(spec.reduction) is not None) and \
             _split_plan(spec.reduction) is not None:
         spec.reduction.keep = True
         kept.append(spec.reduction)
