@@ -43,6 +43,9 @@ def test_a_batch_summed_along_a_long_k_keeps_64_by_64_tiles() -> None:
     # Winograd's weight gradients: both operands in runs along 12,544 tiles
     opts = gemm.choose(_contraction(16, 256, 256, 12544, y_along_n=False), 1024, H200_UNITS)
     assert _tiles(opts) == (64, 64, 8, 8, 2)
+    # ... and skips the ladder's 128 x 64 tiles along a shorter one
+    opts = gemm.choose(_contraction(16, 512, 512, 784, y_along_n=False), 1024, H200_UNITS)
+    assert _tiles(opts) == (64, 64, 8, 8, 2)
     # a split weight gradient of a 64-channel convolution: tiles 64 wide along its 64 rows
     opts = gemm.choose(_contraction(32, 64, 576, 25088), 1024, H200_UNITS)
     assert opts is not None and opts.block_m == 64

@@ -274,11 +274,16 @@ def choose(c: Contraction, max_local: int, units: int = 0) -> GemmOptions | None
         return opts if opts.threads <= max_local else None
     ladder = [o for o in _LADDER if not wide or (o.block_m <= NARROW or m > NARROW) and
               (o.block_n <= NARROW or n > NARROW)]
-    if batched and k >= LONG_K and not c.y_contiguous_n:
-        # both operands in runs along a long k (Winograd's weight gradients: 16 products of
-        # 256 x 256 over 12,544 tiles): the ladder stops at 64 x 64 tiles in two slices, 1.2-1.6x
-        # faster there on an H200 than 64 x 32 ones, even at half a tile per compute unit
-        ladder = ladder[:2]
+    if batched and not c.y_contiguous_n:
+        # a batch whose operands both run along k (Winograd's weight gradients) skips the
+        # ladder's 128 x 64 tiles (8-element runs of k for 64 columns): on an H200 16 products
+        # of 512 x 512 over 3,136 ran 1.6 ms on them, 1.5 on 64 x 64 tiles of 4 x 4 a thread,
+        # and over 784 0.43, 0.36 and 0.26 on 64 x 64 tiles in two slices; along a long k the
+        # ladder stops at those (16 products of 256 x 256 over 12,544 tiles: 1.57x faster than
+        # on 64 x 32 ones, even at half a tile per compute unit)
+        ladder = [o for o in ladder if o.slices > 1]
+        if k >= LONG_K:
+            ladder = ladder[:1]
     for smaller in ladder:
         opts = smaller
         if _tiles(c, opts) >= LADDER_TILES * units:
