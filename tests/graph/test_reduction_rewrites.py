@@ -218,8 +218,6 @@ def test_a_normalization_over_few_long_rows_stores_its_sum_split(device: str) ->
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
 
 
-
-
 def test_a_linear_layer_under_its_activation_runs_once(device: str) -> None:
     """A classifier of linear layers under ReLU and dropout (a CNN's): the first layer's
     product (few rows, a long sum) is stored by a kernel of its own, which splits on a GPU,

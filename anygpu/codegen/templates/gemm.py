@@ -214,7 +214,8 @@ def choose(c: Contraction, max_local: int, units: int = 0) -> GemmOptions | None
     # split weight gradient's partials) fills the device as one product of as many outputs
     outputs = math.prod(d[1] for d in c.batch) * m * n
     if FEW_ROWS <= min(m, n) < 32 and max(m, n) >= 1 << 16 and k <= THIN_K:
-        return _thin(c) if _thin(c).threads <= max_local else None
+        thin = _thin(c)
+        return thin if thin.threads <= max_local else None
     if FEW_ROWS <= min(m, n) < 32 and max(m, n) >= 32 and c.flops >= 1 << 23 and \
             all(ld.dtype == float32 for ld in loads(c.x) + loads(c.y)):
         # a float32 linear layer of a batch of 16 to 31 rows: one tile of 16 rows (a thread
