@@ -1447,8 +1447,11 @@ def realize_into(value: Lazy, target: Lazy) -> None:
     items = [] if value.realized else schedule([value])
     if items and isinstance(items[-1], KernelItem) and items[-1].output is value:
         # the last kernel holds what it needs; cut loose, the nodes value fused in stay alive
-        # only where something else holds them, and those are computed before the write
+        # only where something else holds them, and those are computed before the write (the
+        # item's own list of them let go too: it had kept Adam's ``m * beta1`` alive, which
+        # then ran as a kernel of its own before the update, a pass over the moments more)
         value.srcs = ()
+        items[-1].fused = []
     readers = pending_readers(target, value)
     if readers:
         run(schedule(readers))

@@ -252,3 +252,14 @@ def test_index_copy_errors(device):
         x.index_copy_(0, [1, 4], src)      # host indices are checked
     with pytest.raises(IndexError, match="long tensor"):
         x.index_copy_(0, ag.tensor([1.0, 2.0], device=device), src)
+
+
+def test_a_held_value_fused_into_an_assign_keeps_the_old_values(device):
+    # ``a`` reads m and is fused into the value written into m; held by the caller, it is
+    # computed before the write, so that it keeps what m was
+    host = np.random.default_rng(7).standard_normal(64).astype(np.float32)
+    m = ag.tensor(host, device=device).realize()
+    a = m * 0.5
+    m.assign(a + 1.0)
+    np.testing.assert_allclose(m.numpy(), host * 0.5 + 1.0, rtol=1e-6)
+    np.testing.assert_allclose(a.numpy(), host * 0.5, rtol=1e-6)

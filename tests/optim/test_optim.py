@@ -103,6 +103,23 @@ def test_update_is_a_few_kernels(device: str, monkeypatch: pytest.MonkeyPatch) -
     assert len(launched) <= 19, f"{len(launched)} kernels for 20 parameters"
 
 
+def test_a_step_is_three_passes_a_bucket(device: str) -> None:
+    """A later Adam step over a bucket of parameters writes its two moments and the
+    parameters in place, one kernel each (every launch counted, in-place ones too); the
+    moments scaled by their betas had run as kernels of their own first, two passes more."""
+    rng = np.random.default_rng(6)
+    params = [ag.tensor(rng.standard_normal(n).astype(np.float32), device=device,
+                        requires_grad=True) for n in (300, 40, 7)]
+    opt = ag.optim.Adam(params, lr=0.1)
+    for _ in range(2):
+        for p in params:
+            p.grad = (p * 2).realize().detach()
+        with ag.profile() as prof:
+            opt.step()
+    kernels = [e for e in prof.events if e.kind == "kernel" and e.name == "e_347"]
+    assert len(kernels) == 3, [e.name for e in prof.events]
+
+
 def test_errors() -> None:
     with pytest.raises(ValueError):
         ag.optim.SGD([], lr=0.1)
