@@ -17,7 +17,7 @@ import sys
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -800,9 +800,9 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
             below.keep = True
 
 
-def _products_reading(node: Lazy) -> list[Lazy]:
-    """The sums of products that take ``node`` (through views) as a factor."""
-    out, stack, seen = [], [node], set()
+def _computed_from(node: Lazy) -> Iterator[Lazy]:
+    """The unrealized nodes that compute from ``node``, its views followed (each once)."""
+    stack, seen = [node], set()
     while stack:
         at = stack.pop()
         for user in (r() for r in at.consumers):
@@ -811,12 +811,21 @@ def _products_reading(node: Lazy) -> list[Lazy]:
             seen.add(id(user))
             if user.op in MOVEMENT:
                 stack.append(user)
-            elif user.op is Op.MUL:
-                for sum_ in (r() for r in user.consumers):
-                    found = _summed_product(sum_) if sum_ is not None and sum_.op is Op.SUM \
-                        and not sum_.realized else None
-                    if found is not None and found[0] is user:
-                        out.append(sum_)
+            else:
+                yield user
+
+
+def _products_reading(node: Lazy) -> list[Lazy]:
+    """The sums of products that take ``node`` (through views) as a factor."""
+    out: list[Lazy] = []
+    for user in _computed_from(node):
+        if user.op is Op.MUL:
+            for sum_ in (r() for r in user.consumers):
+                if sum_ is None or sum_.op is not Op.SUM or sum_.realized:
+                    continue
+                found = _summed_product(sum_)
+                if found is not None and found[0] is user:
+                    out.append(sum_)
     return out
 
 
@@ -872,26 +881,10 @@ def _store_shared_product(root: Lazy, walk: list[Lazy], reduction: Lazy | None) 
             if not any(id(src) in derived for src in at.srcs):
                 continue
             derived.add(id(at))
-        if _read_elsewhere(at, inside):
+        # (a view nothing computes from is no reader)
+        if any(id(user) not in inside for user in _computed_from(at)):
             at.keep = True
             return True
-    return False
-
-
-def _read_elsewhere(node: Lazy, inside: set[int]) -> bool:
-    """Whether an unrealized node outside ``inside`` computes from ``node`` (views followed:
-    a view nothing computes from is no reader)."""
-    stack, seen = [node], set()
-    while stack:
-        at = stack.pop()
-        for user in (r() for r in at.consumers):
-            if user is None or user.realized or id(user) in seen:
-                continue
-            seen.add(id(user))
-            if user.op in MOVEMENT:
-                stack.append(user)
-            elif id(user) not in inside:
-                return True
     return False
 
 
