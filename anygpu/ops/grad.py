@@ -208,6 +208,12 @@ def _tiled_pool_grad(x: "Tensor", first: "Tensor", g: "Tensor", k: Any) -> "Tens
     return out.pad([0, w - ow * kw, 0, h - oh * kh])  # rows past the last window: none
 
 
+def _conv2d_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    from anygpu.nn.convolution import conv2d_grad  # (nn builds on this module)
+
+    return conv2d_grad(out, ps, arg, g)
+
+
 def _max_pool2d_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
     """max_pool2d: each output's gradient goes to its window's first maximum (or NaN), as in
     PyTorch. For each of the window's offsets, the outputs whose maximum sits there give their
@@ -349,6 +355,7 @@ RULES: dict[Any, Rule] = {
     "erf": lambda out, ps, arg, g: (g * (-ps[0] * ps[0]).exp() * (2 / math.sqrt(math.pi)),),
     "max_first": _max_first_grad,
     "max_pool2d": _max_pool2d_grad,
+    "conv2d": _conv2d_grad,
     "std": _std_grad,
     "sort": _sort_grad,
     "scatter": _scatter_grad,

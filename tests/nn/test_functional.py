@@ -8,6 +8,7 @@ import pytest
 import anygpu as ag
 from anygpu.nn import convolution
 from anygpu.nn import functional as F
+from anygpu.runtime.registry import get_device
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
@@ -151,6 +152,36 @@ def test_conv2d_activation_gradients(device, close, randn, shape, out, k, stride
         grads.append((tx.grad, tw.grad, tb.grad))
     for got, want in zip(*grads):
         close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("k,padding,dtype", [(3, 1, "float32"), (5, 2, "float32"),
+                                             (3, 0, "bfloat16"), ((3, 1), (1, 0), "float32")])
+def test_conv2d_data_gradient_is_a_convolution(device, close, randn, k, padding, dtype):
+    # a stride-1 convolution's input gradient on a GPU: the convolution of the padded output
+    # gradient with the flipped weight, one product written in place; no kernel sums the
+    # overlapping windows of a product nine (k x k) times the input's size. Against PyTorch,
+    # square and rectangular kernels, with and without padding, float32 and bfloat16
+    if not get_device(device).supports(getattr(ag, dtype)):
+        pytest.skip(f"{dtype} is not supported on {device}")
+    kh, kw = (k, k) if isinstance(k, int) else k
+    xh, wh, gh = randn((2, 32, 14, 12), 50), randn((24, 32, kh, kw), 51, 0.1), None
+    x = ag.tensor(xh, device=device, requires_grad=True)
+    w = ag.tensor(wh, device=device, requires_grad=True)
+    with ag.profile() as prof:
+        y = F.conv2d(x.cast(dtype), w.cast(dtype), padding=padding).float()
+        gh = randn(tuple(y.shape), 52)
+        (y * ag.tensor(gh, device=device)).sum().backward()
+    tx, tw = torch.tensor(xh, requires_grad=True), torch.tensor(wh, requires_grad=True)
+    tdtype = getattr(torch, dtype)
+    ty = TF.conv2d(tx.to(tdtype), tw.to(tdtype), padding=padding)
+    (ty.float() * torch.tensor(gh)).sum().backward()
+    tol = 1e-4 if dtype == "float32" else 3e-2
+    close(x.grad, tx.grad, rtol=tol, atol=tol * float(tx.grad.abs().max()))
+    close(w.grad, tw.grad, rtol=tol, atol=tol * float(tw.grad.abs().max()))
+    if not device.startswith("cpu"):
+        window_sums = [e for e in prof.events if e.kind == "kernel" and not e.flops and
+                       e.nbytes > 3 * xh.nbytes]
+        assert not window_sums, [e.name for e in window_sums]
 
 
 WINOGRAD_CASES = [((1, 3, 8, 8), 4, 1, True), ((2, 5, 9, 7), 6, 1, False),
