@@ -106,7 +106,8 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
     spec = _plan_kernel(node)
     signature, walk, leaves = _signature(node, spec)
     if _keep_product_operands(node, walk, spec.reduction) | _store_broadcast_work(node, walk) | \
-            _store_shared_product(node, walk, spec.reduction):
+            _store_shared_product(node, walk, spec.reduction) | \
+            _store_shared_work(node, walk, spec.reduction):
         spec = _plan_kernel(node)
         signature, walk, leaves = _signature(node, spec)
     cached = _ast_cache.get(signature)
@@ -191,10 +192,19 @@ def _cut_to_buffer_limit(root: Lazy, inputs: Sequence[Lazy], limit: int) -> None
 # A sum is split in two kernels where it has too few outputs to fill a GPU: a convolution's
 # weight gradient (64 x 147 outputs, each over 200,704 products), batch-norm statistics, a loss.
 _SPLIT_GROUPS = 256  # work-groups the first kernel should have at least
-# ... where each is one output of a sum that is not a product (a work-group per row: batch
-# norm's statistics over 256 or 512 channels of 16 x 56 x 56 or 28 x 28 ran at 550 GB/s on an
-# H200, two work-groups per SM)
-_SPLIT_ROWS = 1024
+# ... where each is one output of a sum that is not a product: rows summed by a warp each
+# (lower._segment_per_output) fill a GPU from some thousands of rows. With 1024 rows, batch
+# norm's gradients over 256 to 1024 channels of 16 x 56 x 56 to 14 x 14 ran on 8 warps an SM
+# (H200: 2.1 ms of 28 such sums in ResNet-50's step at 16 x 1024 x 14 x 14, 76 us each); with
+# 8192 rows from 2048 elements per output, in partial sums of 512 or more, ResNet-50's fp32
+# training step went from 31.5 to 29.0 ms, ResNet-18's from 11.2 to 10.6, MobileNet-V2's from
+# 17.5 to 16.0.
+_SPLIT_ROWS = 8192
+_SPLIT_ROW_FROM, _SPLIT_ROW_MIN = 2048, 512  # _SPLIT_FROM and _SPLIT_MIN for such sums
+# A sum of trailing axes (a norm's rows) splits under 1024 rows, from _SPLIT_FROM elements
+# (RMSNorm's sum of squares over a decode step's rows of 4,096 stays whole: split, it was a
+# kernel more in every norm)
+_SPLIT_WHOLE_ROWS = 1024
 _SPLIT_FROM = 8192  # elements per output from which a sum splits (a 3x3 convolution of 512
 # channels, 4608 products per output, ran 1.9x slower split in two)
 _SPLIT_MIN = 2048  # elements each partial sum keeps at least
@@ -233,9 +243,15 @@ def _split_plan(node: Lazy) -> tuple[int, int] | None:
         return None
     groups = -(-total // 4096) if product else total
     few = product and groups < _FEW_GROUPS
-    least = _FEW_MIN if few else _SPLIT_MIN
-    goal = _SPLIT_GROUPS if product else _SPLIT_ROWS
-    if groups >= goal or per_output < (_FEW_FROM if few else _SPLIT_FROM):
+    # a sum over axes around a kept one (batch norm's over the batch and the pixels of each
+    # channel), not over rows of trailing axes (a norm's, a softmax's: those stay one kernel
+    # of a row each, fused with what they normalize)
+    ndim = len(src.shape)
+    strided = not product and sorted(axes) != list(range(ndim - len(axes), ndim))
+    least = _FEW_MIN if few else _SPLIT_ROW_MIN if strided else _SPLIT_MIN
+    goal = _SPLIT_GROUPS if product else _SPLIT_ROWS if strided else _SPLIT_WHOLE_ROWS
+    start = _FEW_FROM if few else _SPLIT_ROW_FROM if strided else _SPLIT_FROM
+    if groups >= goal or per_output < start:
         return None
     # the first axis (outermost) whose slices reach the goal with the fewest of them, else the
     # most slices any axis allows
@@ -598,6 +614,10 @@ _FUSED_OPERAND_COST_CPU = 3
 # gradients left them stalled on those loads (9.6 TFLOP/s on an H100, ResNet-18's first
 # layer). A bias, batch norm's scale and shift and an activation stay fused (5 or less).
 _TILED_OPERAND_COST = 8
+# ... or whose work reads this many times its own elements (two tensors of its size: batch
+# norm's gradient from a stored gradient and the layer's input, once the chain of a residual
+# stream's gradients is stored: _store_shared_work)
+_TILED_OPERAND_READS = 2
 # An untiled 16-bit product on a GPU computes a fused operand again for every output that
 # reads it: where the operand's smaller side has this many rows or more (a decode step's
 # sequences, or a step's query heads against their cached keys), elementwise work costing 2 or
@@ -682,6 +702,13 @@ def _operand_cost(node: Lazy, root: Lazy, limit: int) -> int:
             cost += 4 if n.op in _COSTLY else 1
         stack.extend(n.srcs)
     return cost
+
+
+def _reads_many(operand: Lazy, root: Lazy) -> bool:
+    """Whether a kernel computing ``root`` reads _TILED_OPERAND_READS times the elements of
+    ``operand`` or more to compute it."""
+    read = _elements_read(operand, root, operand=True)
+    return read is not None and read >= _TILED_OPERAND_READS * operand.numel
 
 
 def _under_movement(node: Lazy) -> Lazy:
@@ -795,8 +822,9 @@ def _store_costly_operands(spec: lower.KernelSpec) -> None:
             limit = _FUSED_ROWS_COST
         elif tiled:
             limit = _TILED_OPERAND_COST
-        if below.op in ELEMENTWISE and not is_boundary(below, root) and \
-                _operand_cost(below, root, limit) >= limit:
+        if below.op in ELEMENTWISE and not is_boundary(below, root) and (
+                _operand_cost(below, root, limit) >= limit or
+                tiled and _reads_many(below, root)):
             below.keep = True
 
 
@@ -857,7 +885,8 @@ def _keep_product_operands(root: Lazy, walk: list[Lazy], reduction: Lazy | None)
                     _blas_stores(product, at.numel) else 0
             else:
                 limit = _TILED_OPERAND_COST if _tiled_product(sum_) else 0
-            if limit and _operand_cost(at, sum_, limit) >= limit:
+            if limit and (_operand_cost(at, sum_, limit) >= limit or
+                          not on_cpu and _reads_many(at, sum_)):
                 at.keep = marked = True
                 break
     return marked
@@ -886,6 +915,62 @@ def _store_shared_product(root: Lazy, walk: list[Lazy], reduction: Lazy | None) 
             at.keep = True
             return True
     return False
+
+
+# A value that another kernel computes from too is stored where computing it reads this many
+# times its own elements or more: each kernel reading it would read all of that again, where
+# stored it costs one write and a read a kernel. (ResNet-50's backward pass: the gradient of
+# each stage's residual stream is a chain over its blocks, ReLU's mask of each block times the
+# sum of the next one's gradients; fused into every reader, each of the blocks' batch norm
+# gradients read up to 7 tensors of the stream's size to sum one, 14 of a 36 ms training
+# step in reductions on an H200.)
+_SHARED_READS = 3
+_SHARED_WALK = 256  # nodes the walk below a value visits at most (planning stays linear)
+
+
+def _store_shared_work(root: Lazy, walk: list[Lazy], reduction: Lazy | None) -> bool:
+    """Mark ``keep`` the first elementwise value of the kernel computing ``root`` (``walk``:
+    the nodes its signature walked, consumers first; ``reduction``: the sum of its loop) that
+    a node of another kernel computes
+    from too and whose computation reads _SHARED_READS times its elements or more
+    (``_elements_read``). Whether one was marked (the kernel is then planned again)."""
+    inside = {id(n) for n in walk}
+    for at in reversed(walk):
+        if at is root or at.op not in ELEMENTWISE or is_boundary(at, root) or \
+                len(at.consumers) < 2 and not any(
+                    (c := r()) is not None and c.op in MOVEMENT for r in at.consumers):
+            continue
+        if not any(id(user) not in inside for user in _computed_from(at)):
+            continue
+        read = _elements_read(at, root, reduction)
+        if read is not None and read >= _SHARED_READS * at.numel:
+            at.keep = True
+            return True
+    return False
+
+
+def _elements_read(node: Lazy, root: Lazy, reduction: Lazy | None = None,
+                   operand: bool = False) -> int | None:
+    """The elements the kernel computing ``root`` (its loop summing ``reduction``) reads to
+    compute ``node``: of each input below it (a buffer, a stored value, a reduction that
+    another kernel computes), as many as ``node`` has at most (a broadcast vector counts its
+    own). None where that loop's reduction is below it (the rules for reductions decide those),
+    unless ``node`` is a product's ``operand`` (whose reductions other kernels compute)."""
+    total, stack = 0, [node]
+    seen: set[int] = set()
+    while stack and len(seen) <= _SHARED_WALK:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.op in REDUCE and not operand and reduction is not None and \
+                n.arg == reduction.arg and n.srcs[0].shape == reduction.srcs[0].shape:
+            return None  # summed in this kernel's loop (its reduction or a stage beside it)
+        if n is not node and (n.realized or is_boundary(n, root) or n.op in REDUCE):
+            total += min(n.numel, node.numel)
+            continue
+        stack.extend(n.srcs)
+    return total
 
 
 # The processor stores gathered values that a kernel broadcasts this many times or more where

@@ -257,3 +257,65 @@ def test_a_linear_layer_under_its_activation_runs_once(device: str) -> None:
         assert p.grad is not None and t.grad is not None
         np.testing.assert_allclose(p.grad.numpy(), t.grad.numpy(), rtol=2e-4,
                                    atol=2e-4 * float(t.grad.abs().max()))
+
+
+def test_a_residual_streams_gradient_is_stored_once(
+        device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gradient of a residual stream through a chain of blocks is a chain itself (ReLU's
+    mask of each block times the sum of the next block's gradients): each value of it that
+    several kernels read is stored once, so that no kernel of the backward pass reads more than
+    three tensors of the stream's size (fused into every reader, each block's batch norm
+    gradients had read one more for every block after it). Checked against PyTorch."""
+    from anygpu import nn
+
+    blocks, shape = 4, (4, 16, 16, 16)
+    xs, rs = _rand(shape, 20), _rand(shape, 21)
+    convs = [nn.Conv2d(16, 16, 3, padding=1, bias=False) for _ in range(blocks)]
+    weights = [c.weight.numpy() for c in convs]
+    ours = [(c.to(device), nn.BatchNorm2d(16).to(device)) for c in convs]
+    x = ag.tensor(xs, device=device, requires_grad=True)
+    h = x
+    for conv, norm in ours:
+        h = (norm(conv(h)) + h).relu()
+    ran: list[KernelItem] = []
+    real = sched._run_kernel
+    monkeypatch.setattr(sched, "_run_kernel", lambda item: (ran.append(item), real(item)))
+    (h * ag.tensor(rs, device=device)).sum().backward()
+    monkeypatch.undo()
+    numel = int(np.prod(shape))
+    widest = max(sum(n.numel >= numel for n in i.ast.inputs) for i in ran)
+    assert widest <= 3, widest
+    theirs = [(torch.nn.Conv2d(16, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16))
+              for _ in range(blocks)]
+    tx = torch.from_numpy(xs).requires_grad_()
+    th = tx
+    for (conv, norm), w in zip(theirs, weights):
+        with torch.no_grad():
+            conv.weight.copy_(torch.from_numpy(w))
+        th = (norm(conv(th)) + th).relu()
+    (th * torch.from_numpy(rs)).sum().backward()
+    assert x.grad is not None and tx.grad is not None
+    pairs = [(x.grad, tx.grad)] + [(c.weight.grad, t.weight.grad)
+                                   for (c, _), (t, _) in zip(ours, theirs)]
+    for got, want in pairs:
+        w = want.numpy()
+        np.testing.assert_allclose(got.numpy(), w, rtol=1e-3, atol=1e-3 * float(np.abs(w).max()))
+
+
+@pytest.mark.parametrize("shape", [(16, 256, 14, 14), (16, 64, 56, 56)])
+def test_batch_norm_statistics_split_into_rows_enough(device: str, shape: tuple[int, ...]
+                                                      ) -> None:
+    """A sum over the axes around a kept one (batch norm's over the batch and pixels of each
+    channel) splits on GPUs until there are some thousands of rows (each row a warp's), from
+    2048 elements per output; a sum over trailing axes (a norm's rows) of as few outputs stays
+    whole below 8192 elements a row. Both match NumPy."""
+    xs = _rand(shape, 22)
+    x = ag.tensor(xs, device=device)
+    per_channel = x.sum((0, 2, 3))
+    rows = x.reshape(-1, 2 * shape[2] * shape[3]).sum(1)  # rows of two channels each
+    assert _kernels(per_channel) == (2 if _splits(device) else 1)
+    assert _kernels(rows) == 1
+    np.testing.assert_allclose(per_channel.numpy(), xs.astype(np.float64).sum((0, 2, 3)),
+                               rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(rows.numpy(), xs.reshape(-1, 2 * shape[2] * shape[3]).astype(
+        np.float64).sum(1), rtol=1e-4, atol=1e-3)
