@@ -319,3 +319,30 @@ def test_batch_norm_statistics_split_into_rows_enough(device: str, shape: tuple[
                                rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(rows.numpy(), xs.reshape(-1, 2 * shape[2] * shape[3]).astype(
         np.float64).sum(1), rtol=1e-4, atol=1e-3)
+
+
+def test_batch_norms_statistics_read_the_input_once_each(
+        device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batch norm in training realizes its mean and variance together: the mean's sum is split
+    (its partial sums under the mean's epilogue) and computed once, read by the variance's
+    kernel rather than computed again there (a whole mean and a split one had both run), so
+    exactly two reductions read the input. Output and running statistics match PyTorch."""
+    from anygpu import nn
+
+    xs = _rand((16, 64, 28, 28), 23)
+    x = ag.tensor(xs, device=device)
+    norm = nn.BatchNorm2d(64).to(device)
+    ran: list[KernelItem] = []
+    real = sched._run_kernel
+    monkeypatch.setattr(sched, "_run_kernel", lambda item: (ran.append(item), real(item)))
+    out = norm(x).relu().numpy()
+    monkeypatch.undo()
+    reading = [i for i in ran if i.ast.reduce and any(n.numel == xs.size for n in i.ast.inputs)]
+    assert len(reading) == 2, [i.ast.output.shape for i in reading]
+    theirs = torch.nn.BatchNorm2d(64)
+    want = theirs(torch.from_numpy(xs)).relu().detach().numpy()
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(norm.running_mean.numpy(), theirs.running_mean.numpy(),
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(norm.running_var.numpy(), theirs.running_var.numpy(),
+                               rtol=1e-4, atol=1e-5)
