@@ -313,8 +313,8 @@ def _split_reduction(root: Lazy) -> None:
 def _split_epilogue_sum(root: Lazy, spec: lower.KernelSpec) -> bool:
     """Split (``_split_reduction``) the sum of the kernel computing ``root`` where ``root``
     is computed from it over the same outputs (a mean: the sum times a constant) and it does
-    not sum a product (the rules for products decide those): its partial sums run as a kernel of
-    their own and this kernel sums them under its epilogue. Whether it was split. (Whole, the
+    not sum a product (the rules for products decide those): its partial sums run as a kernel
+    of their own and this kernel sums them under its epilogue. Whether it was split. (Whole, the
     mean of batch norm's statistics ran a warp per channel: ResNet-50's 256 channels of 16 x
     56 x 56 at 390 GB/s on an H200.)"""
     node = spec.reduction
@@ -966,9 +966,9 @@ _SHARED_WALK = 256  # nodes the walk below a value visits at most (planning stay
 def _store_shared_work(root: Lazy, walk: list[Lazy], reduction: Lazy | None) -> bool:
     """Mark ``keep`` the first elementwise value of the kernel computing ``root`` (``walk``:
     the nodes its signature walked, consumers first; ``reduction``: the sum of its loop) that
-    a node of another kernel computes
-    from too and whose computation reads _SHARED_READS times its elements or more
-    (``_elements_read``). Whether one was marked (the kernel is then planned again)."""
+    a node of another kernel computes from too and whose computation reads _SHARED_READS times
+    its elements or more (``_elements_read``). Whether one was marked (the kernel is then
+    planned again)."""
     inside = {id(n) for n in walk}
     for at in reversed(walk):
         if at is root or at.op not in ELEMENTWISE or is_boundary(at, root) or \
