@@ -960,19 +960,22 @@ def _store_shared_product(root: Lazy, walk: list[Lazy], reduction: Lazy | None) 
 # gradients read up to 7 tensors of the stream's size to sum one, 14 of a 36 ms training
 # step in reductions on an H200.)
 _SHARED_READS = 3
+# ... and it has this many elements or more: a smaller one costs its reads less than a launch
+# (a decode step's residual stream, the embedding plus two products' outputs, stays fused)
+_SHARED_MIN = 1 << 18
 _SHARED_WALK = 256  # nodes the walk below a value visits at most (planning stays linear)
 
 
 def _store_shared_work(root: Lazy, walk: list[Lazy], reduction: Lazy | None) -> bool:
     """Mark ``keep`` the first elementwise value of the kernel computing ``root`` (``walk``:
     the nodes its signature walked, consumers first; ``reduction``: the sum of its loop) that
-    a node of another kernel computes from too and whose computation reads _SHARED_READS times
-    its elements or more (``_elements_read``). Whether one was marked (the kernel is then
-    planned again)."""
+    a node of another kernel computes from too, of _SHARED_MIN elements or more, and whose
+    computation reads _SHARED_READS times its elements or more (``_elements_read``). Whether one
+    was marked (the kernel is then planned again)."""
     inside = {id(n) for n in walk}
     for at in reversed(walk):
-        if at is root or at.op not in ELEMENTWISE or is_boundary(at, root) or \
-                len(at.consumers) < 2 and not any(
+        if at is root or at.op not in ELEMENTWISE or at.numel < _SHARED_MIN or \
+                is_boundary(at, root) or len(at.consumers) < 2 and not any(
                     (c := r()) is not None and c.op in MOVEMENT for r in at.consumers):
             continue
         if not any(id(user) not in inside for user in _computed_from(at)):

@@ -268,11 +268,11 @@ def test_a_residual_streams_gradient_is_stored_once(
     gradients had read one more for every block after it). Checked against PyTorch."""
     from anygpu import nn
 
-    blocks, shape = 4, (4, 16, 16, 16)
+    blocks, shape = 4, (8, 32, 32, 32)  # (the rule's least size: schedule._SHARED_MIN)
     xs, rs = _rand(shape, 20), _rand(shape, 21)
-    convs = [nn.Conv2d(16, 16, 3, padding=1, bias=False) for _ in range(blocks)]
+    convs = [nn.Conv2d(32, 32, 3, padding=1, bias=False) for _ in range(blocks)]
     weights = [c.weight.numpy() for c in convs]
-    ours = [(c.to(device), nn.BatchNorm2d(16).to(device)) for c in convs]
+    ours = [(c.to(device), nn.BatchNorm2d(32).to(device)) for c in convs]
     x = ag.tensor(xs, device=device, requires_grad=True)
     h = x
     for conv, norm in ours:
@@ -285,7 +285,7 @@ def test_a_residual_streams_gradient_is_stored_once(
     numel = int(np.prod(shape))
     widest = max(sum(n.numel >= numel for n in i.ast.inputs) for i in ran)
     assert widest <= 3, widest
-    theirs = [(torch.nn.Conv2d(16, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16))
+    theirs = [(torch.nn.Conv2d(32, 32, 3, padding=1, bias=False), torch.nn.BatchNorm2d(32))
               for _ in range(blocks)]
     tx = torch.from_numpy(xs).requires_grad_()
     th = tx
