@@ -139,10 +139,7 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
         # planned as a kernel of its own already (another output of the same schedule: batch
         # norm's mean, realized with its variance, whose kernel reads it): read it, without
         # planning what it reads first (the mean's sum had been split and computed once more)
-        for n in ahead:
-            n.keep = True
-        planned.discard(id(node))
-        _visit(node, items, planned)
+        _plan_again(node, ahead, items, planned)
         return
     stored = {id(n) for n in inner if n.keep}
     for dep in ast.inputs:
@@ -153,12 +150,18 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
         # while what this one reads was: a convolution's output, which the next layer's
         # unfolded windows read stored, fused here into the backward pass's ReLU mask. Planned
         # again, this kernel reads it rather than computing the convolution once more
-        for n in again:
-            n.keep = True
-        planned.discard(id(node))
-        _visit(node, items, planned)
+        _plan_again(node, again, items, planned)
         return
     items.append(KernelItem(ast, signature, walk))
+
+
+def _plan_again(node: Lazy, stored: list[Lazy], items: list[Item], planned: set[int]) -> None:
+    """Plan the kernel computing ``node`` again, reading the nodes ``stored`` (marked
+    ``keep``) rather than computing them."""
+    for n in stored:
+        n.keep = True
+    planned.discard(id(node))
+    _visit(node, items, planned)
 
 
 def _plan_kernel(node: Lazy) -> lower.KernelSpec:
