@@ -59,6 +59,13 @@ class Lazy:
     def realized(self) -> bool:
         return self.buffer is not None
 
+    def readers(self) -> list["Lazy"]:
+        """The unrealized nodes alive that compute from this one: its consumers that still list
+        it among their sources (the scheduler's rewrites, such as a sum split into partial
+        sums, leave the old links behind)."""
+        return [c for c in (r() for r in self.consumers)
+                if c is not None and any(s is self for s in c.srcs)]
+
     def set_buffer(self, buffer: Buffer) -> None:
         self.buffer, self.op, self.srcs, self.arg = buffer, Op.BUFFER, (), None
 

@@ -871,8 +871,8 @@ def _computed_from(node: Lazy) -> Iterator[Lazy]:
     stack, seen = [node], set()
     while stack:
         at = stack.pop()
-        for user in (r() for r in at.consumers):
-            if user is None or id(user) in seen or user.realized:
+        for user in at.readers():
+            if id(user) in seen:
                 continue
             seen.add(id(user))
             if user.op in MOVEMENT:
@@ -886,8 +886,8 @@ def _products_reading(node: Lazy) -> list[Lazy]:
     out: list[Lazy] = []
     for user in _computed_from(node):
         if user.op is Op.MUL:
-            for sum_ in (r() for r in user.consumers):
-                if sum_ is None or sum_.op is not Op.SUM or sum_.realized:
+            for sum_ in user.readers():
+                if sum_.op is not Op.SUM:
                     continue
                 found = _summed_product(sum_)
                 if found is not None and found[0] is user:
@@ -911,7 +911,7 @@ def _keep_product_operands(root: Lazy, walk: list[Lazy], reduction: Lazy | None)
     # work below it, which a node below marked first would cut short
     for at in reversed(walk):
         # read by this kernel alone, or not computed in it
-        if at is root or at.op not in ELEMENTWISE or len(at.consumers) < 2 or \
+        if at is root or at.op not in ELEMENTWISE or len(at.readers()) < 2 or \
                 is_boundary(at, root):
             continue
         for sum_ in _products_reading(at):
@@ -978,15 +978,43 @@ def _store_shared_work(root: Lazy, walk: list[Lazy], reduction: Lazy | None) -> 
     inside = {id(n) for n in walk}
     for at in reversed(walk):
         if at is root or at.op not in ELEMENTWISE or at.numel < _SHARED_MIN or \
-                is_boundary(at, root) or len(at.consumers) < 2 and not any(
-                    (c := r()) is not None and c.op in MOVEMENT for r in at.consumers):
+                is_boundary(at, root) or len(readers := at.readers()) < 2 and not any(
+                    c.op in MOVEMENT for c in readers):
             continue
-        if not any(id(user) not in inside for user in _computed_from(at)):
+        outside = sum(1 for user in _computed_from(at) if id(user) not in inside)
+        if not outside:
             continue
         read = _elements_read(at, root, reduction)
-        if read is not None and read >= _SHARED_READS * at.numel:
+        if read is None:
+            continue
+        # stored after a product of its own (a convolution's data gradient under ReLU's
+        # mask), the value takes the product's place: the product's write, read back by each
+        # reader, becomes the value's, read by each reader (batch norm's gradient: the mask and
+        # the convolution's output read by its two sums and its data gradient)
+        kernels = outside + 1
+        if read >= _SHARED_READS * at.numel or _product_below(at, root) and \
+                kernels * read > read + kernels * at.numel:
             at.keep = True
             return True
+    return False
+
+
+def _product_below(node: Lazy, root: Lazy) -> bool:
+    """Whether ``node`` is computed from a tiled product (``_tiled_product``) that another
+    kernel would compute for it alone, through elementwise ops."""
+    stack, seen = [node], set()
+    while stack and len(seen) <= _SHARED_WALK:
+        n = stack.pop()
+        if id(n) in seen or n.realized:
+            continue
+        seen.add(id(n))
+        if n is not node and n.op in REDUCE:
+            if n.op is Op.SUM and not n.keep and len(n.readers()) == 1 and _tiled_product(n):
+                return True
+            continue
+        if n is not node and is_boundary(n, root):
+            continue
+        stack.extend(n.srcs)
     return False
 
 

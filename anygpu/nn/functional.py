@@ -16,6 +16,7 @@ import numpy as np
 
 from anygpu import amp
 from anygpu import dtype as dt
+from anygpu.ops.grad import is_grad_enabled
 from anygpu.tensor import Tensor, arange, cat, rand, realize, stack, where
 from anygpu.nn.distance import cosine_similarity, normalize, pairwise_distance
 from anygpu.nn.upsampling import interpolate
@@ -306,17 +307,61 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
             for stat, new in ((running_mean, mean.detach()), (running_var, unbiased)):
                 if stat is not None:
                     stat.assign(stat * (1 - momentum) + new.reshape(c) * momentum)
+        xf = input.float()
+        affine = tuple(t for t in (weight, bias) if t is not None)
+        if is_grad_enabled() and (xf.requires_grad or any(t.requires_grad for t in affine)):
+            # the gradient by batch norm's own rule (``batch_norm_grad``): two sums and one
+            # elementwise pass; the chain of the mean's and variance's rules summed four
+            # tensors of the input's size and stored its centred copy twice (ResNet-50's
+            # backward read about 3x the bytes of the rule's)
+            mean, rstd = mean.detach(), (var.detach() + eps).rsqrt()
+            arg = (mean, rstd, axes, weight is not None, bias is not None)
+            out = xf._custom("batch_norm", affine, arg,
+                             lambda: _normalized(xf, mean, rstd, weight, bias, view))
+            return out.cast(input.dtype)
     else:
         if running_mean is None or running_var is None:
             raise ValueError("batch_norm needs running_mean and running_var when not training")
         mean = running_mean.float().reshape(view)
         var = running_var.float().reshape(view)
-    out = (input.float() - mean) * (var + eps).rsqrt()
+    return _normalized(input.float(), mean, (var + eps).rsqrt(), weight, bias,
+                       view).cast(input.dtype)
+
+
+def _normalized(x: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor | None,
+                bias: Tensor | None, view: tuple[int, ...]) -> Tensor:
+    """``(x - mean) * rstd``, scaled by ``weight`` and shifted by ``bias`` where given."""
+    out = (x - mean) * rstd
     if weight is not None:
         out = out * weight.reshape(view)
     if bias is not None:
         out = out + bias.reshape(view)
-    return out.cast(input.dtype)
+    return out
+
+
+def batch_norm_grad(out: Tensor, parents: tuple[Tensor, ...], arg: Any, g: Tensor
+                     ) -> tuple[Tensor | None, ...]:
+    """The gradients of training-mode ``batch_norm`` (input, then weight and bias where given),
+    by the closed form: with x^ = (x - mean) * rstd over n elements a channel, dbias = sum(g),
+    dweight = sum(g * x^), dx = weight * rstd * (g - dbias / n - x^ * dweight / n)."""
+    mean, rstd, axes, has_weight, has_bias = arg
+    x = parents[0]
+    weight = parents[1] if has_weight else None
+    view = mean.shape
+    n = x.numel() // mean.numel()
+    xhat = (x - mean) * rstd
+    gb = g.sum(axes, keepdim=True)
+    gw = (g * xhat).sum(axes, keepdim=True)
+    dx = None
+    if x.requires_grad:
+        scale = rstd if weight is None else rstd * weight.reshape(view)
+        dx = (g - gb * (1 / n) - xhat * (gw * (1 / n))) * scale
+    grads: list[Tensor | None] = [dx]
+    if has_weight:
+        grads.append(gw.reshape(parents[1].shape))
+    if has_bias:
+        grads.append(gb.reshape(parents[-1].shape))
+    return tuple(grads)
 
 
 def layer_norm(input: Tensor, normalized_shape: int | Sequence[int], weight: Tensor | None = None,

@@ -214,6 +214,12 @@ def _conv2d_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor")
     return conv2d_grad(out, ps, arg, g)
 
 
+def _batch_norm_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
+    from anygpu.nn.functional import batch_norm_grad  # (nn builds on this module)
+
+    return batch_norm_grad(out, ps, arg, g)
+
+
 def _max_pool2d_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
     """max_pool2d: each output's gradient goes to its window's first maximum (or NaN), as in
     PyTorch. For each of the window's offsets, the outputs whose maximum sits there give their
@@ -356,6 +362,7 @@ RULES: dict[Any, Rule] = {
     "max_first": _max_first_grad,
     "max_pool2d": _max_pool2d_grad,
     "conv2d": _conv2d_grad,
+    "batch_norm": _batch_norm_grad,
     "std": _std_grad,
     "sort": _sort_grad,
     "scatter": _scatter_grad,
