@@ -1002,7 +1002,7 @@ def _store_shared_work(root: Lazy, walk: list[Lazy], reduction: Lazy | None) -> 
 def _product_below(node: Lazy, root: Lazy) -> bool:
     """Whether ``node`` is computed from a tiled product (``_tiled_product``) that another
     kernel would compute for it alone, through elementwise ops."""
-    stack, seen = [node], set()
+    stack, seen = [node], set[int]()
     while stack and len(seen) <= _SHARED_WALK:
         n = stack.pop()
         if id(n) in seen or n.realized:
