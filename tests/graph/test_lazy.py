@@ -136,3 +136,17 @@ def test_repr_and_realized() -> None:
     x = node((2, 3))
     assert repr(x) == "<Lazy reshape (2, 3) float32 cpu:0>"
     assert not x.realized and x.numel == 6
+
+
+def test_readers_are_the_consumers_that_still_read_a_node() -> None:
+    """A rewrite that gives a node new sources (a sum split into partial sums) leaves its link
+    in the old source's consumers: ``readers`` leaves it out, so the scheduler does not count
+    the old source as read by another kernel."""
+    a, b = node((4, 8)), node((4, 8))
+    product = a.alu(Op.MUL, b)
+    total = product.reduce(Op.SUM, (1,))
+    other = a.alu(Op.ADD, b)
+    assert product.readers() == [total]
+    assert set(map(id, a.readers())) == {id(product), id(other)}
+    total.srcs = (other.alu(Op.MUL, b),)
+    assert product.readers() == [] and len(product.consumers) == 1

@@ -350,3 +350,105 @@ def test_batch_norms_statistics_read_the_input_once_each(
                                rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(norm.running_var.numpy(), theirs.running_var.numpy(),
                                rtol=1e-4, atol=1e-5)
+
+
+def _backward_kernels(loss: ag.Tensor, monkeypatch: pytest.MonkeyPatch) -> list[KernelItem]:
+    ran: list[KernelItem] = []
+    real = sched._run_kernel
+    monkeypatch.setattr(sched, "_run_kernel", lambda item: (ran.append(item), real(item)))
+    loss.backward()
+    monkeypatch.undo()
+    return ran
+
+
+def test_batch_norms_gradient_reads_the_input_and_its_gradient_three_times(
+        device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training-mode batch norm's gradient by its own rule: the sum of the output's gradient,
+    the sum of its product with the normalized input, and the input's gradient, each kernel
+    reading the input and the gradient at most once (3 kernels read tensors of the input's size;
+    the chain of the mean's and variance's rules had summed four and stored the centred input
+    twice). Gradients of input, weight and bias match float64 PyTorch."""
+    from anygpu import nn
+
+    xs, gs = _rand((16, 64, 16, 16), 31) * 2 + 0.5, _rand((16, 64, 16, 16), 32)
+    norm = nn.BatchNorm2d(64).to(device)
+    rng = np.random.default_rng(33)
+    norm.weight.assign(ag.tensor(rng.standard_normal(64).astype(np.float32), device=device))
+    norm.bias.assign(ag.tensor(rng.standard_normal(64).astype(np.float32), device=device))
+    x = ag.tensor(xs, device=device, requires_grad=True)
+    g = ag.tensor(gs, device=device)
+    loss = (norm(x) * g).sum()
+    loss.realize()
+    ran = _backward_kernels(loss, monkeypatch)
+    big = [i for i in ran if sum(n.numel >= xs.size for n in i.ast.inputs) +
+           (i.ast.output.numel >= xs.size) > 0]
+    assert len(big) <= 3, [i.ast.output.shape for i in big]
+    theirs = torch.nn.BatchNorm2d(64).double()
+    with torch.no_grad():
+        theirs.weight.copy_(torch.from_numpy(norm.weight.numpy()))
+        theirs.bias.copy_(torch.from_numpy(norm.bias.numpy()))
+    tx = torch.from_numpy(xs).double().requires_grad_()
+    (theirs(tx) * torch.from_numpy(gs).double()).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(norm.weight.grad.numpy(), theirs.weight.grad.numpy(),
+                               rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(norm.bias.grad.numpy(), theirs.bias.grad.numpy(),
+                               rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_pointwise_convolutions_data_gradient_is_written_once(
+        device: str, stride: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1x1 convolution is the product of its (strided) input with its weight: on GPUs its
+    data gradient is one product written in the input's layout (through the windows' views it
+    was written in theirs and moved by a kernel of its own; the processor's BLAS lays out its
+    operands apart). Both gradients match PyTorch."""
+    xs, ws = _rand((8, 48, 20, 20), 41), _rand((96, 48, 1, 1), 42) * 0.2
+    gs = _rand((8, 96, 20 // stride, 20 // stride), 43)
+    x = ag.tensor(xs, device=device, requires_grad=True)
+    w = ag.tensor(ws, device=device, requires_grad=True)
+    loss = (F.conv2d(x, w, stride=stride) * ag.tensor(gs, device=device)).sum()
+    loss.realize()
+    ran = _backward_kernels(loss, monkeypatch)
+    writing = [i for i in ran if i.ast.output.numel == xs.size]
+    if _splits(device):
+        assert len(writing) == 1, [i.ast.output.shape for i in writing]
+    tx = torch.from_numpy(xs).requires_grad_()
+    tw = torch.from_numpy(ws).requires_grad_()
+    (torch.nn.functional.conv2d(tx, tw, stride=stride) * torch.from_numpy(gs)).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_a_masked_data_gradient_is_stored_by_its_product(
+        device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pointwise convolution, batch norm, ReLU, pointwise convolution: the gradient reaching
+    batch norm (ReLU's mask over the second convolution's data gradient) is read by its two
+    sums and its input gradient, so it is stored under the product's epilogue: on GPUs two
+    backward kernels write tensors of batch norm's size, that one and the input gradient (the
+    mask had been applied by a kernel of its own, or fused into a product stored apart).
+    Gradients match PyTorch."""
+    from anygpu import nn
+
+    ag.manual_seed(5)
+    layers = [nn.Conv2d(32, 64, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+              nn.Conv2d(64, 32, 1, bias=False)]
+    model = nn.Sequential(*layers).to(device)
+    xs, gs = _rand((16, 32, 16, 16), 51), _rand((16, 32, 16, 16), 52)
+    x = ag.tensor(xs, device=device, requires_grad=True)
+    loss = (model(x) * ag.tensor(gs, device=device)).sum()
+    loss.realize()
+    ran = _backward_kernels(loss, monkeypatch)
+    writing = [i for i in ran if i.ast.output.numel == 16 * 64 * 16 * 16]
+    if _splits(device):
+        assert len(writing) == 2, [i.ast.output.shape for i in writing]
+    theirs = torch.nn.Sequential(torch.nn.Conv2d(32, 64, 1, bias=False), torch.nn.BatchNorm2d(64),
+                                 torch.nn.ReLU(), torch.nn.Conv2d(64, 32, 1, bias=False))
+    with torch.no_grad():
+        for mine, their in zip(model.parameters(), theirs.parameters()):
+            their.copy_(torch.from_numpy(mine.numpy()))
+    tx = torch.from_numpy(xs).requires_grad_()
+    (theirs(tx) * torch.from_numpy(gs)).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-3, atol=1e-3)
+    for mine, their in zip(model.parameters(), theirs.parameters()):
+        np.testing.assert_allclose(mine.grad.numpy(), their.grad.numpy(), rtol=1e-3, atol=2e-3)
