@@ -452,3 +452,25 @@ def test_a_masked_data_gradient_is_stored_by_its_product(
     np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-3, atol=1e-3)
     for mine, their in zip(model.parameters(), theirs.parameters()):
         np.testing.assert_allclose(mine.grad.numpy(), their.grad.numpy(), rtol=1e-3, atol=2e-3)
+
+
+def test_a_linear_layers_weight_gradient_is_written_in_its_layout(
+        device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A linear layer whose weight needs a gradient multiplies over (rows, out, in): the
+    weight's gradient, summed over the rows, is written in the weight's layout by one kernel
+    (through ``weight.T`` it was written transposed and copied back by another). Gradients of
+    input, weight and bias match PyTorch."""
+    xs, ws, bs = _rand((24, 300), 61), _rand((200, 300), 62) * 0.1, _rand((200,), 63)
+    gs = _rand((24, 200), 64)
+    x = ag.tensor(xs, device=device, requires_grad=True)
+    w = ag.tensor(ws, device=device, requires_grad=True)
+    b = ag.tensor(bs, device=device, requires_grad=True)
+    loss = (F.linear(x, w, b) * ag.tensor(gs, device=device)).sum()
+    loss.realize()
+    ran = _backward_kernels(loss, monkeypatch)
+    writing = [i for i in ran if i.ast.output.numel == ws.size]
+    assert len(writing) == 1, [i.ast.output.shape for i in writing]
+    tx, tw, tb = (torch.from_numpy(a).requires_grad_() for a in (xs, ws, bs))
+    (torch.nn.functional.linear(tx, tw, tb) * torch.from_numpy(gs)).sum().backward()
+    for mine, theirs in ((x, tx), (w, tw), (b, tb)):
+        np.testing.assert_allclose(mine.grad.numpy(), theirs.grad.numpy(), rtol=1e-4, atol=1e-4)
