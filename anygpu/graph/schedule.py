@@ -973,8 +973,9 @@ def _store_shared_work(root: Lazy, walk: list[Lazy], reduction: Lazy | None) -> 
     """Mark ``keep`` the first elementwise value of the kernel computing ``root`` (``walk``:
     the nodes its signature walked, consumers first; ``reduction``: the sum of its loop) that
     a node of another kernel computes from too, of _SHARED_MIN elements or more, and whose
-    computation reads _SHARED_READS times its elements or more (``_elements_read``). Whether one
-    was marked (the kernel is then planned again)."""
+    computation reads _SHARED_READS times its elements or more (``_elements_read``), or, where
+    it is computed from a product no other kernel reads (``_product_below``), more than its
+    readers would read stored. Whether one was marked (the kernel is then planned again)."""
     inside = {id(n) for n in walk}
     for at in reversed(walk):
         if at is root or at.op not in ELEMENTWISE or at.numel < _SHARED_MIN or \
@@ -987,10 +988,12 @@ def _store_shared_work(root: Lazy, walk: list[Lazy], reduction: Lazy | None) -> 
         read = _elements_read(at, root, reduction)
         if read is None:
             continue
-        # stored after a product of its own (a convolution's data gradient under ReLU's
-        # mask), the value takes the product's place: the product's write, read back by each
-        # reader, becomes the value's, read by each reader (batch norm's gradient: the mask and
-        # the convolution's output read by its two sums and its data gradient)
+        # computed from a product of its own (a convolution's data gradient under ReLU's
+        # mask), the value is stored by the product's epilogue in the product's place: each of
+        # its readers then reads it once instead of what computing it reads, and the kernels
+        # read `read` once and write it once (counted without the product's own store, which it
+        # saves: a conservative count). Batch norm's gradient: its two sums and its data
+        # gradient each read the mask and the convolution's output.
         kernels = outside + 1
         if read >= _SHARED_READS * at.numel or _product_below(at, root) and \
                 kernels * read > read + kernels * at.numel:

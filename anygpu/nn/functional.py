@@ -352,7 +352,7 @@ def _normalized(x: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor | None,
 
 
 def batch_norm_grad(out: Tensor, parents: tuple[Tensor, ...], arg: Any, g: Tensor
-                     ) -> tuple[Tensor | None, ...]:
+                    ) -> tuple[Tensor | None, ...]:
     """The gradients of training-mode ``batch_norm`` (input, then weight and bias where given),
     by the closed form: with x^ = (x - mean) * rstd over n elements a channel, dbias = sum(g),
     dweight = sum(g * x^), dx = weight * rstd * (g - dbias / n - x^ * dweight / n)."""
