@@ -326,10 +326,14 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
             # elementwise pass; the chain of the mean's and variance's rules summed four
             # tensors of the input's size and stored its centred copy twice (ResNet-50's
             # backward read about 3x the bytes of the rule's)
-            mean, rstd = mean.detach(), (var.detach() + eps).rsqrt()
-            arg = (mean, rstd, axes, weight is not None, bias is not None)
+            # (the rule takes the variance, stored, and computes 1 / sqrt(var + eps) again in
+            # its kernels: built on the forward's, which a kernel has computed, the backward
+            # pass stored it by a kernel of its own, a launch per layer)
+            mean, var = mean.detach(), var.detach()
+            arg = (mean, var, eps, axes, weight is not None, bias is not None)
             out = xf._custom("batch_norm", affine, arg,
-                             lambda: _normalized(xf, mean, rstd, weight, bias, view))
+                             lambda: _normalized(xf, mean, (var + eps).rsqrt(), weight, bias,
+                                                 view))
             return out.cast(input.dtype)
     else:
         if running_mean is None or running_var is None:
@@ -356,7 +360,8 @@ def batch_norm_grad(out: Tensor, parents: tuple[Tensor, ...], arg: Any, g: Tenso
     """The gradients of training-mode ``batch_norm`` (input, then weight and bias where given),
     by the closed form: with x^ = (x - mean) * rstd over n elements a channel, dbias = sum(g),
     dweight = sum(g * x^), dx = weight * rstd * (g - dbias / n - x^ * dweight / n)."""
-    mean, rstd, axes, has_weight, has_bias = arg
+    mean, var, eps, axes, has_weight, has_bias = arg
+    rstd = (var + eps).rsqrt()
     x = parents[0]
     weight = parents[1] if has_weight else None
     view = mean.shape
