@@ -102,7 +102,13 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     wait
     for backend in ${BACKENDS:-cuda opencl webgpu}; do
       echo "== $backend"; grep -E "passed|failed|^FAILED|^ERROR" "$out/tests-$backend.txt" | tail -n 25
-      tail -n 1 "$out/tests-$backend.txt" | grep -q -E "passed" || status=1
+      if ! tail -n 1 "$out/tests-$backend.txt" | grep -q -E "passed"; then
+        # cut off by TEST_TIMEOUT (or crashed): how far it got, and whether anything failed
+        progress=$(grep -oE "\[ *[0-9]+%\]" "$out/tests-$backend.txt" | tail -n 1)
+        failed=$(grep -E "^[.sxXFE]+ +\[ *[0-9]+%\]" "$out/tests-$backend.txt" | tr -cd 'FE' | wc -c)
+        echo "no summary (timed out after ${TEST_TIMEOUT:-400} s or crashed): reached $progress, $failed failed or errored so far"
+        status=1
+      fi
       grep -q -E "[0-9]+ failed" "$out/tests-$backend.txt" && status=1
     done
   else
