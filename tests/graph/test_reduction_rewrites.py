@@ -364,10 +364,10 @@ def _backward_kernels(loss: ag.Tensor, monkeypatch: pytest.MonkeyPatch) -> list[
 def test_batch_norms_gradient_reads_the_input_and_its_gradient_three_times(
         device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Training-mode batch norm's gradient by its own rule: the sum of the output's gradient,
-    the sum of its product with the normalized input, and the input's gradient, each kernel
-    reading the input and the gradient at most once (3 kernels read tensors of the input's size;
-    the chain of the mean's and variance's rules had summed four and stored the centred input
-    twice). Gradients of input, weight and bias match float64 PyTorch."""
+    the sum of its product with the normalized input, and the input's gradient, so at most three
+    backward kernels read or write tensors of the input's size (the chain of the mean's and
+    variance's rules had summed four and stored the centred input twice). Gradients of input,
+    weight and bias match float64 PyTorch."""
     from anygpu import nn
 
     xs, gs = _rand((16, 64, 16, 16), 31) * 2 + 0.5, _rand((16, 64, 16, 16), 32)
