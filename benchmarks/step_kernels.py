@@ -5,9 +5,9 @@ to the scheduler or to a layer's gradient does to a step, on any backend, withou
     python benchmarks/step_kernels.py --model resnet18 --device opencl --batch 8 --size 64
     python benchmarks/step_kernels.py --model resnet50 --device cuda --batch 16 --size 224 --top 20
 
-Bytes are the sizes of each launch's buffers (its output and inputs, each counted once per
-launch), an upper bound on what it moves; a kernel is "tiny" below 64 KiB of them. ``--top N``
-lists the N kernels with the most bytes and the tiny kernels seen most often.
+Each launch is recorded by ``anygpu.profile``: its device time and the bytes it reads and
+writes at the least (each input once, the output); a kernel is "tiny" below 64 KiB of them.
+``--top N`` lists the N kernels with the most bytes and the tiny kernels seen most often.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import argparse
 import collections
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import anygpu as ag  # noqa: E402
 from anygpu import models  # noqa: E402
-from anygpu.graph import schedule  # noqa: E402
 from anygpu.nn import functional as F  # noqa: E402
 
 TINY = 1 << 16
@@ -55,50 +54,47 @@ def main(argv: list[str] | None = None) -> int:
                   device=args.device)
     y = ag.tensor(rng.integers(0, 1000, args.batch), device=args.device)
     opt = ag.optim.Adam(model.parameters(), lr=1e-4)
-    phase = ["forward"]
-    launches: list[tuple[str, str, int]] = []
+    dev = ag.get_device(args.device)
 
-    def step() -> None:
-        phase[0] = "forward"
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.realize()
-        phase[0] = "backward"
-        loss.backward()
-        phase[0] = "optimizer"
-        opt.step()
-        ag.get_device(args.device).synchronize()
+    def phases() -> list[tuple[str, Callable[[], Any]]]:
+        loss: list[Any] = []
 
-    step()  # compiles; the counted step is the second
-    real = schedule.Launch.__call__
+        def forward() -> None:
+            opt.zero_grad()
+            loss.append(F.cross_entropy(model(x), y).realize())
+        return [("forward", forward), ("backward", lambda: loss[0].backward()),
+                ("optimizer", opt.step)]
 
-    def counted(self: Any, wait: bool = False) -> Any:
-        launches.append((phase[0], self.name, sum(b.nbytes for b in self.buffers)))
-        return real(self, wait)
-
-    schedule.Launch.__call__ = counted  # type: ignore[method-assign]
-    try:
-        step()
-    finally:
-        schedule.Launch.__call__ = real  # type: ignore[method-assign]
+    for _, run in phases():  # compiles; the counted step is the second
+        run()
+    launches: list[tuple[str, str, int, float]] = []
+    for phase, run in phases():
+        with ag.profile() as prof:
+            run()
+            dev.synchronize()
+        launches += [(phase, e.name, e.nbytes, e.duration) for e in prof.events
+                     if e.kind == "kernel"]
 
     print(f"{args.model} on {args.device}, batch {args.batch}, {args.size}x{args.size}: "
-          f"{len(launches)} kernels, {sum(b for _, _, b in launches) / 1e6:.1f} MB of buffers")
-    table: dict[tuple[str, str], list[int]] = collections.defaultdict(lambda: [0, 0, 0])
-    for ph, name, nbytes in launches:
+          f"{len(launches)} kernels, {sum(r[2] for r in launches) / 1e6:.1f} MB, "
+          f"{sum(r[3] for r in launches) * 1e3:.2f} ms of device time")
+    table: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0, 0, 0, 0.0])
+    for ph, name, nbytes, seconds in launches:
         row = table[(ph, kind(name))]
         row[0] += 1
         row[1] += nbytes
         row[2] += nbytes < TINY
-    print(f"{'phase':10s} {'kind':12s} {'kernels':>8s} {'tiny':>6s} {'MB':>10s}")
-    for (ph, k), (n, nbytes, tiny) in sorted(table.items()):
-        print(f"{ph:10s} {k:12s} {n:8d} {tiny:6d} {nbytes / 1e6:10.1f}")
+        row[3] += seconds
+    print(f"{'phase':10s} {'kind':12s} {'kernels':>8s} {'tiny':>6s} {'MB':>10s} {'ms':>9s}")
+    for (ph, k), (n, nbytes, tiny, seconds) in sorted(table.items()):
+        print(f"{ph:10s} {k:12s} {n:8.0f} {tiny:6.0f} {nbytes / 1e6:10.1f} {seconds * 1e3:9.2f}")
     if args.top:
         print("most bytes:")
-        for ph, name, nbytes in sorted(launches, key=lambda r: -r[2])[:args.top]:
+        for ph, name, nbytes, _ in sorted(launches, key=lambda r: -r[2])[:args.top]:
             print(f"  {nbytes / 1e6:10.1f} MB  {ph:9s} {name}")
         print("tiny kernels seen most often:")
-        tiny = collections.Counter((ph, name) for ph, name, nbytes in launches if nbytes < TINY)
+        tiny = collections.Counter((ph, name) for ph, name, nbytes, _ in launches
+                                   if nbytes < TINY)
         for (ph, name), n in tiny.most_common(args.top):
             print(f"  {n:5d}x  {ph:9s} {name}")
     return 0

@@ -974,7 +974,7 @@ def _store_shared_work(root: Lazy, walk: list[Lazy], reduction: Lazy | None) -> 
     the nodes its signature walked, consumers first; ``reduction``: the sum of its loop) that
     a node of another kernel computes from too, of _SHARED_MIN elements or more, and whose
     computation reads _SHARED_READS times its elements or more (``_elements_read``), or, where
-    it is computed from a product no other kernel reads (``_product_below``), more than its
+    it is computed from a product no other kernel reads (``_lone_product``), more than its
     readers would read stored. Whether one was marked (the kernel is then planned again)."""
     inside = {id(n) for n in walk}
     for at in reversed(walk):
@@ -985,7 +985,8 @@ def _store_shared_work(root: Lazy, walk: list[Lazy], reduction: Lazy | None) -> 
         outside = sum(1 for user in _computed_from(at) if id(user) not in inside)
         if not outside:
             continue
-        read = _elements_read(at, root, reduction)
+        inputs: list[Lazy] = []
+        read = _elements_read(at, root, reduction, inputs=inputs)
         if read is None:
             continue
         # computed from a product of its own (a convolution's data gradient under ReLU's
@@ -995,39 +996,28 @@ def _store_shared_work(root: Lazy, walk: list[Lazy], reduction: Lazy | None) -> 
         # saves: a conservative count). Batch norm's gradient: its two sums and its data
         # gradient each read the mask and the convolution's output.
         kernels = outside + 1
-        if read >= _SHARED_READS * at.numel or _product_below(at, root) and \
+        if read >= _SHARED_READS * at.numel or any(map(_lone_product, inputs)) and \
                 kernels * read > read + kernels * at.numel:
             at.keep = True
             return True
     return False
 
 
-def _product_below(node: Lazy, root: Lazy) -> bool:
-    """Whether ``node`` is computed from a tiled product (``_tiled_product``) that another
-    kernel would compute for it alone, through elementwise ops."""
-    stack, seen = [node], set[int]()
-    while stack and len(seen) <= _SHARED_WALK:
-        n = stack.pop()
-        if id(n) in seen or n.realized:
-            continue
-        seen.add(id(n))
-        if n is not node and n.op in REDUCE:
-            if n.op is Op.SUM and not n.keep and len(n.readers()) == 1 and _tiled_product(n):
-                return True
-            continue
-        if n is not node and is_boundary(n, root):
-            continue
-        stack.extend(n.srcs)
-    return False
+def _lone_product(node: Lazy) -> bool:
+    """Whether ``node`` is a tiled product (``_tiled_product``), not yet computed or marked,
+    that one node alone reads."""
+    return node.op is Op.SUM and not node.realized and not node.keep and \
+        len(node.readers()) == 1 and _tiled_product(node)
 
 
 def _elements_read(node: Lazy, root: Lazy, reduction: Lazy | None = None,
-                   operand: bool = False) -> int | None:
+                   operand: bool = False, inputs: list[Lazy] | None = None) -> int | None:
     """The elements the kernel computing ``root`` (its loop summing ``reduction``) reads to
     compute ``node``: of each input below it (a buffer, a stored value, a reduction that
-    another kernel computes), as many as ``node`` has at most (a broadcast vector counts its
-    own). None where that loop's reduction is below it (the rules for reductions decide those),
-    unless ``node`` is a product's ``operand`` (whose reductions other kernels compute)."""
+    another kernel computes, each appended to ``inputs`` where given), as many as ``node`` has
+    at most (a broadcast vector counts its own). None where that loop's reduction is below it
+    (the rules for reductions decide those), unless ``node`` is a product's ``operand`` (whose
+    reductions other kernels compute)."""
     total, stack = 0, [node]
     seen: set[int] = set()
     while stack and len(seen) <= _SHARED_WALK:
@@ -1040,6 +1030,8 @@ def _elements_read(node: Lazy, root: Lazy, reduction: Lazy | None = None,
             return None  # summed in this kernel's loop (its reduction or a stage beside it)
         if n is not node and (n.realized or is_boundary(n, root) or n.op in REDUCE):
             total += min(n.numel, node.numel)
+            if inputs is not None:
+                inputs.append(n)
             continue
         stack.extend(n.srcs)
     return total

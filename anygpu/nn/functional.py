@@ -17,7 +17,7 @@ import numpy as np
 from anygpu import amp
 from anygpu import dtype as dt
 from anygpu.ops.grad import is_grad_enabled
-from anygpu.ops.primitives import Op
+from anygpu.ops.linalg import matmul_transposed
 from anygpu.tensor import Tensor, arange, cat, rand, realize, stack, where
 from anygpu.nn.distance import cosine_similarity, normalize, pairwise_distance
 from anygpu.nn.upsampling import interpolate
@@ -29,16 +29,10 @@ from anygpu.nn.convolution import (IntPair, _batched, _pair, conv1d, conv2d, con
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``input @ weight.T + bias`` with weight of shape (out_features, in_features)."""
     input, weight, bias = amp.lower(input, weight, bias)
-    if weight.requires_grad and is_grad_enabled() and weight.ndim == 2 and input.ndim >= 1 and \
-            input.shape[-1] == weight.shape[1] and input.dtype == weight.dtype:
-        # the product over (..., out, in): the weight's gradient, summed over the rows, comes
-        # out in the weight's own layout (through ``weight.T`` it came out transposed and a
-        # kernel of its own copied it back: VGG-16's first classifier layer, 411 MB each way)
-        lead = input.shape[:-1]
-        o, k = weight.shape
-        x = input.unsqueeze(-2).expand(lead + (o, k))
-        w = weight.reshape((1,) * len(lead) + (o, k)).expand(lead + (o, k))
-        out = x._alu(Op.MUL, w)._reduce(Op.SUM, (len(lead) + 1,)).reshape(lead + (o,))
+    if weight.requires_grad and is_grad_enabled() and weight.ndim == 2 and input.ndim >= 1:
+        # the weight's gradient in its own layout; without one, ``matmul(weight.T)`` as
+        # before (inference's kernels, the decode and quantized paths', unchanged)
+        out = matmul_transposed(input, weight)
     else:
         out = input.matmul(weight.T)
     return out + bias if bias is not None else out

@@ -6,6 +6,8 @@ included."""
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 import pytest
 import torch
@@ -27,6 +29,18 @@ def _splits(device: str) -> bool:
 
 def _rand(shape: tuple[int, ...], seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _kernels_run(run: Callable[[], Any], monkeypatch: pytest.MonkeyPatch
+                 ) -> tuple[list[KernelItem], Any]:
+    """The kernels that ``run()`` runs, and what it returns."""
+    ran: list[KernelItem] = []
+    real = sched._run_kernel
+    monkeypatch.setattr(sched, "_run_kernel", lambda item: (ran.append(item), real(item)))
+    try:
+        return ran, run()
+    finally:
+        monkeypatch.undo()
 
 
 @pytest.mark.parametrize("shape,axes", [((1 << 20,), None), ((4, 3, 1 << 14), (0, 2)),
@@ -183,11 +197,8 @@ def test_a_weight_gradient_reads_batch_norms_gradient_stored(
     b1, b2 = nn.BatchNorm2d(32).to(device), nn.BatchNorm2d(32).to(device)
     x = ag.tensor(xs, device=device)
     out = (b2(c2(b1(c1(x)).relu())) + x).relu()
-    ran: list[KernelItem] = []  # the kernels backward runs (it computes the gradients)
-    real = sched._run_kernel
-    monkeypatch.setattr(sched, "_run_kernel", lambda item: (ran.append(item), real(item)))
-    (out * ag.tensor(rs, device=device)).sum().backward()
-    monkeypatch.undo()
+    # the kernels backward runs (it computes the gradients)
+    ran, _ = _kernels_run((out * ag.tensor(rs, device=device)).sum().backward, monkeypatch)
     assert c1.weight.grad is not None and c2.weight.grad is not None
     if _splits(device):
         items = [i for i in ran if i.ast.reduce]
@@ -279,11 +290,7 @@ def test_a_residual_streams_gradient_is_stored_once(
     h = x
     for conv, norm in ours:
         h = (norm(conv(h)) + h).relu()
-    ran: list[KernelItem] = []
-    real = sched._run_kernel
-    monkeypatch.setattr(sched, "_run_kernel", lambda item: (ran.append(item), real(item)))
-    (h * ag.tensor(rs, device=device)).sum().backward()
-    monkeypatch.undo()
+    ran, _ = _kernels_run((h * ag.tensor(rs, device=device)).sum().backward, monkeypatch)
     numel = int(np.prod(shape))
     widest = max(sum(n.numel >= numel for n in i.ast.inputs) for i in ran)
     assert widest <= 3, widest
@@ -336,11 +343,7 @@ def test_batch_norms_statistics_read_the_input_once_each(
     xs = _rand((16, 64, 28, 28), 23)
     x = ag.tensor(xs, device=device)
     norm = nn.BatchNorm2d(64).to(device)
-    ran: list[KernelItem] = []
-    real = sched._run_kernel
-    monkeypatch.setattr(sched, "_run_kernel", lambda item: (ran.append(item), real(item)))
-    out = norm(x).relu().numpy()
-    monkeypatch.undo()
+    ran, out = _kernels_run(lambda: norm(x).relu().numpy(), monkeypatch)
     reading = [i for i in ran if i.ast.reduce and any(n.numel == xs.size for n in i.ast.inputs)]
     assert len(reading) == 2, [i.ast.output.shape for i in reading]
     theirs = torch.nn.BatchNorm2d(64)
@@ -350,15 +353,6 @@ def test_batch_norms_statistics_read_the_input_once_each(
                                rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(norm.running_var.numpy(), theirs.running_var.numpy(),
                                rtol=1e-4, atol=1e-5)
-
-
-def _backward_kernels(loss: ag.Tensor, monkeypatch: pytest.MonkeyPatch) -> list[KernelItem]:
-    ran: list[KernelItem] = []
-    real = sched._run_kernel
-    monkeypatch.setattr(sched, "_run_kernel", lambda item: (ran.append(item), real(item)))
-    loss.backward()
-    monkeypatch.undo()
-    return ran
 
 
 def test_batch_norms_gradient_reads_the_input_and_its_gradient_three_times(
@@ -379,7 +373,7 @@ def test_batch_norms_gradient_reads_the_input_and_its_gradient_three_times(
     g = ag.tensor(gs, device=device)
     loss = (norm(x) * g).sum()
     loss.realize()
-    ran = _backward_kernels(loss, monkeypatch)
+    ran, _ = _kernels_run(loss.backward, monkeypatch)
     big = [i for i in ran if sum(n.numel >= xs.size for n in i.ast.inputs) +
            (i.ast.output.numel >= xs.size) > 0]
     assert len(big) <= 3, [i.ast.output.shape for i in big]
@@ -409,7 +403,7 @@ def test_a_pointwise_convolutions_data_gradient_is_written_once(
     w = ag.tensor(ws, device=device, requires_grad=True)
     loss = (F.conv2d(x, w, stride=stride) * ag.tensor(gs, device=device)).sum()
     loss.realize()
-    ran = _backward_kernels(loss, monkeypatch)
+    ran, _ = _kernels_run(loss.backward, monkeypatch)
     writing = [i for i in ran if i.ast.output.numel == xs.size]
     if _splits(device):
         assert len(writing) == 1, [i.ast.output.shape for i in writing]
@@ -438,7 +432,7 @@ def test_a_masked_data_gradient_is_stored_by_its_product(
     x = ag.tensor(xs, device=device, requires_grad=True)
     loss = (model(x) * ag.tensor(gs, device=device)).sum()
     loss.realize()
-    ran = _backward_kernels(loss, monkeypatch)
+    ran, _ = _kernels_run(loss.backward, monkeypatch)
     writing = [i for i in ran if i.ast.output.numel == 16 * 64 * 16 * 16]
     if _splits(device):
         assert len(writing) == 2, [i.ast.output.shape for i in writing]
@@ -467,7 +461,7 @@ def test_a_linear_layers_weight_gradient_is_written_in_its_layout(
     b = ag.tensor(bs, device=device, requires_grad=True)
     loss = (F.linear(x, w, b) * ag.tensor(gs, device=device)).sum()
     loss.realize()
-    ran = _backward_kernels(loss, monkeypatch)
+    ran, _ = _kernels_run(loss.backward, monkeypatch)
     writing = [i for i in ran if i.ast.output.numel == ws.size]
     assert len(writing) == 1, [i.ast.output.shape for i in writing]
     tx, tw, tb = (torch.from_numpy(a).requires_grad_() for a in (xs, ws, bs))
