@@ -470,7 +470,9 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
     ``features`` describes the device beyond its dialect: "cc" (CUDA compute capability),
     "units" (its compute units: SMs, CUs),
     "tf32" (whether float32 products may use tf32 tensor cores), "max_shared" (the local
-    memory a work-group may take, in bytes) and "subgroup" (absent: none; an int: the lanes of
+    memory a work-group may take, in bytes, where a kernel asks for more than the static
+    amount), "local_memory" (the static amount: CUDA's 48 KiB, WebGPU's 16 KiB by default)
+    and "subgroup" (absent: none; an int: the lanes of
     a warp, exchanged by shuffles; "varying": subgroup operations of a size the device picks).
     ``options`` (one of ``template_options``) forces a template configuration where the tuner
     found a better one."""
@@ -512,6 +514,8 @@ def to_ir(ast: KernelAST, dialect: str, max_local: int = 256,
         gemm.choose(contraction, max_local, features.get("units", 0)) \
         if contraction is not None else None
     if contraction is not None and opts is not None:
+        if opts.double_buffer and opts.local_bytes() > features.get("local_memory", 48 * 1024):
+            opts = dataclasses.replace(opts, double_buffer=False)  # (WebGPU's 16 KiB)
         return gemm.build(ast, contraction, opts, params, "gemm_" + sizes,
                           {"bytes": kernel_bytes(ast), "flops": contraction.flops,
                            "options": opts})

@@ -1346,7 +1346,8 @@ def device_features(device: Device) -> dict:
     extra = device.info.extra
     features = {"cc": extra.get("cc", (0, 0)), "units": device.info.compute_units,
                 "tf32": get_float32_matmul_precision() != "highest",
-                "max_shared": extra.get("max_shared", 48 * 1024)}
+                "max_shared": extra.get("max_shared", 48 * 1024),
+                "local_memory": device.info.local_memory}
     if extra.get("wgmma") and config.get().wgmma:
         features["wgmma"] = True
     if extra.get("subgroup") and config.get().subgroups:

@@ -40,7 +40,7 @@ from anygpu.codegen.templates.mma import MmaOptions
 from anygpu.dtype import DType, float32
 from anygpu.runtime.base import Buffer, Device, Program
 
-VERSION = 1  # part of every key: a change of the templates' parameters invalidates old winners
+VERSION = 2  # part of every key: a change of the templates' parameters invalidates old winners
 
 
 @dataclass
@@ -258,7 +258,10 @@ def _search(device: Device, ast: lower.KernelAST, kernel: ir.Kernel, source: str
             times.append(program(buffers, _groups(device, k), (k.local,), wait=True) or 0.0)
         timed.append((statistics.median(times), options, k, src))
     best_s, best, k, src = min(timed, key=lambda t: t[0])
-    record = Record(kernel.name, len(timed), timed[0][0], best_s, best.describe(),
+    # as built: the lowering may have dropped a part the device cannot take (a double buffer
+    # beyond its local memory)
+    record = Record(kernel.name, len(timed), timed[0][0], best_s,
+                    k.meta.get("options", best).describe(),
                     time.monotonic() - start, rejected)
     _store(device, key, want, None if best is candidates[0] else best, record)
     records.append(record)

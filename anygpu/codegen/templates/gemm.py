@@ -47,6 +47,8 @@ class GemmOptions:
     prefetch: bool = True
     min_blocks: int = 2  # work-groups resident per SM that the compiler must leave room for
     slices: int = 1  # groups of threads that each sum a share of every k-step (sliced k)
+    # two local tiles of each operand, staged in turn: one barrier a k-step instead of two
+    double_buffer: bool = True
 
     @property
     def threads(self) -> int:
@@ -55,8 +57,15 @@ class GemmOptions:
     def describe(self) -> str:
         sliced = f", k in {self.slices} slices" if self.slices > 1 else ""
         return (f"{self.block_m}x{self.block_n}x{self.block_k} tiles, {self.thread_m}x"
-                f"{self.thread_n} per thread{', prefetch' if self.prefetch else ''}{sliced}, "
+                f"{self.thread_n} per thread{', prefetch' if self.prefetch else ''}{sliced}"
+                f"{', double-buffered' if self.double_buffer else ''}, "
                 f"{self.min_blocks} groups per SM")
+
+    def local_bytes(self, element: int = 4) -> int:
+        """Local memory a work-group uses (``element``: bytes of the accumulator's type)."""
+        tiles = self.block_k * (self.block_m + self.block_n + 2 * PAD)
+        sums = self.block_m * self.block_n if self.slices > 1 else 0
+        return element * (tiles * (2 if self.double_buffer else 1) + sums)
 
 
 Dims = list[tuple[str, int]]
@@ -209,6 +218,22 @@ def choose(c: Contraction, max_local: int, units: int = 0) -> GemmOptions | None
     """Default options for a contraction on a device of ``units`` compute units (SMs; 0 where
     the device does not say), or None where the template does not pay (small products stay
     with the generic reduction)."""
+    opts = _tiles_for(c, max_local, units)
+    return None if opts is None else buffered(opts)
+
+
+def buffered(opts: GemmOptions) -> GemmOptions:
+    """``opts`` double-buffered or not, as measured on an H200 (each of the five seed CNNs'
+    245 fp32 training products and a 4096^3 one timed both ways, `double_buffer` the only
+    difference): tiles with 16-element k-steps, and 128 x 128 ones, ran faster double-buffered
+    in 109 products and slower in 81; the other tiles with 8-element k-steps (128 x 64,
+    64 x 128, 64 x 64) faster in 14 and slower in 42. Either way by a few percent mostly;
+    VGG-16's products took 2% less time in all."""
+    return dataclasses.replace(opts, double_buffer=opts.block_k >= 16 or
+                               (opts.block_m, opts.block_n) == (128, 128))
+
+
+def _tiles_for(c: Contraction, max_local: int, units: int) -> GemmOptions | None:
     m, n, k = c.M, c.N, c.K
     # outputs of the whole product: a batch of products (Winograd's 16 transformed ones, a
     # split weight gradient's partials) fills the device as one product of as many outputs
@@ -347,7 +372,8 @@ _MORE_SLICED = [GemmOptions(64, 64, 16, 8, 8, min_blocks=1, slices=4),
 def candidates(c: Contraction, max_local: int, level: int, units: int = 0
                ) -> list[GemmOptions]:
     """The configurations the tuner times for ``c`` (``choose``'s first): tile shapes and
-    sliced k-steps, and at level 2 longer k-steps, no prefetch and one group per SM too."""
+    sliced k-steps, and at level 2 longer k-steps, no prefetch, one local tile of each
+    operand (two barriers a step) and one group per SM too."""
     default = choose(c, max_local, units)
     if default is None:
         return []
@@ -356,7 +382,8 @@ def candidates(c: Contraction, max_local: int, level: int, units: int = 0
         variants = [GemmOptions(bm, bn, bk, tm, tn)]
         if level >= 2:
             variants += [GemmOptions(bm, bn, bk, tm, tn, min_blocks=1),
-                         GemmOptions(bm, bn, bk, tm, tn, prefetch=False)]
+                         GemmOptions(bm, bn, bk, tm, tn, prefetch=False),
+                         GemmOptions(bm, bn, bk, tm, tn, double_buffer=False)]
         out += [o for o in variants if o not in out and o.threads <= max_local]
     sliced = _LADDER + (_MORE_SLICED if level >= 2 else [])
     out += [o for o in sliced if o not in out and o.threads <= max_local]
@@ -479,26 +506,38 @@ class Tiling:
 
     def k_loop(self, x_index: Callable[[ir.Expr, ir.Expr], ir.Expr],
                y_index: Callable[[ir.Expr, ir.Expr], ir.Expr], compute: list[ir.Stmt],
-               prefetch: bool) -> list[ir.Stmt]:
+               prefetch: bool, double: tuple[int, int] | None = None) -> list[ir.Stmt]:
         """The loop over k: stage, barrier, compute, barrier; with ``prefetch`` the next step's
-        elements are loaded into registers p0, p1, ... between the two."""
+        elements are loaded into registers p0, p1, ... between the two. ``double`` (the x and
+        y tiles' sizes): the local arrays hold two tiles each, a step staging into the one
+        the previous step did not read (at offsets ``xo`` and ``yo``, which ``compute`` adds),
+        so that one barrier a step is enough: a thread stages into a tile again only after
+        the next step's barrier, which every thread reaches once it computed from that tile."""
         const, BK, K, acc = self.const, self.BK, self.c.K, self.acc_dtype
         k0 = ir.var("k0", self.dt)
+        offsets: list[ir.Stmt] = []
+        if double is not None:
+            half = ir.alu("mod", ir.alu("idiv", k0, const(BK)), const(2))
+            offsets = [ir.Decl("xo", self.dt, mul(half, double[0])),
+                       ir.Decl("yo", self.dt, mul(half, double[1]))]
+            xo, yo = ir.var("xo", self.dt), ir.var("yo", self.dt)
+            x_index = (lambda f: lambda kk, oo: ir.alu("add", xo, f(kk, oo)))(x_index)
+            y_index = (lambda f: lambda kk, oo: ir.alu("add", yo, f(kk, oo)))(y_index)
         before: list[ir.Stmt] = []
         if prefetch:
             first = self.stage_tile(const(0), x_index, y_index)
             regs = [f"p{q}" for q in range(len(first))]
             before = [ir.Decl(r, acc, v) for r, (_, _, v, _) in zip(regs, first)]
             nxt = self.stage_tile(ir.alu("add", k0, const(BK)), x_index, y_index)
-            loop = [self._store(buf, idx, ir.var(r, acc), e)
-                    for r, (buf, idx, _, e) in zip(regs, first)]
+            loop = offsets + [self._store(buf, idx, ir.var(r, acc), e)
+                              for r, (buf, idx, _, e) in zip(regs, first)]
             loop += [ir.Barrier(), ir.If(ir.alu("lt", ir.alu("add", k0, const(BK)), const(K)),
                                          [ir.Assign(r, v) for r, (_, _, v, _) in zip(regs, nxt)])]
         else:
-            loop = [self._store(buf, idx, v, e)
-                    for buf, idx, v, e in self.stage_tile(k0, x_index, y_index)]
+            loop = offsets + [self._store(buf, idx, v, e)
+                              for buf, idx, v, e in self.stage_tile(k0, x_index, y_index)]
             loop.append(ir.Barrier())
-        loop += compute + [ir.Barrier()]
+        loop += compute if double is not None else compute + [ir.Barrier()]
         steps = -(-K // BK)
         return before + [ir.For("k0", const(0), const(steps * BK), const(BK), loop)]
 
@@ -549,8 +588,9 @@ def build(ast: Any, c: Contraction, opts: GemmOptions, params: list[ir.Param], n
     # local tiles [k][m] and [k][n], rows padded by PAD so that staging a k-contiguous operand
     # (neighbouring threads at neighbouring k) spreads over the memory banks
     XW, YW = BM + PAD, BN + PAD
-    body: list[ir.Stmt] = [ir.LocalArray("xs", acc_dtype, BK * XW),
-                           ir.LocalArray("ys", acc_dtype, BK * YW)]
+    copies = 2 if opts.double_buffer else 1
+    body: list[ir.Stmt] = [ir.LocalArray("xs", acc_dtype, copies * BK * XW),
+                           ir.LocalArray("ys", acc_dtype, copies * BK * YW)]
     if S > 1:  # the slices' partial sums, added up through local memory after the k loop
         body.append(ir.LocalArray("zs", acc_dtype, BM * BN))
     body += tiling.tile_decls()
@@ -585,9 +625,13 @@ def build(ast: Any, c: Contraction, opts: GemmOptions, params: list[ir.Param], n
     def col_of(j: int) -> ir.Expr:
         return ir.alu("add", ir.alu("mul", tx, const(vn)), const((j // vn) * cols * vn + j % vn))
 
-    def at(buf: str, offset: ir.Expr) -> ir.Expr:  # with slices, this slice's k-offsets
-        return ir.alu("add", ir.var("kx" if buf == "xs" else "ky", dt), offset) if S > 1 \
-            else offset
+    def at(buf: str, offset: ir.Expr) -> ir.Expr:
+        # the step's tile of a double buffer; with slices, this slice's k-offsets
+        if opts.double_buffer:
+            offset = ir.alu("add", ir.var("xo" if buf == "xs" else "yo", dt), offset)
+        if S > 1:
+            offset = ir.alu("add", ir.var("kx" if buf == "xs" else "ky", dt), offset)
+        return offset
 
     compute: list[ir.Stmt] = []
     for kk in range(BK // S):
@@ -607,7 +651,8 @@ def build(ast: Any, c: Contraction, opts: GemmOptions, params: list[ir.Param], n
                 compute.append(ir.Assign(f"c{i}_{j}", ir.alu("add", acc, prod)))
     body += tiling.k_loop(lambda kk, oo: ir.alu("add", ir.alu("mul", kk, const(XW)), oo),
                           lambda kk, oo: ir.alu("add", ir.alu("mul", kk, const(YW)), oo),
-                          compute, opts.prefetch)
+                          compute, opts.prefetch,
+                          (BK * XW, BK * YW) if opts.double_buffer else None)
     cells = [(i, j) for i in range(TM) for j in range(TN)]
     if S > 1:
         # slice by slice, the partial sums go through zs to slice 0's threads
