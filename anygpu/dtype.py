@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,24 +27,19 @@ class DType:
     def __repr__(self) -> str:
         return f"anygpu.{self.name}"
 
+    # the kind's tests as plain attributes (read at every graph node)
+    is_float: bool = field(init=False)
+    is_int: bool = field(init=False)
+    is_bool: bool = field(init=False)
+    is_unsigned: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        for name, value in (("is_float", self.kind == "f"), ("is_int", self.kind in ("i", "u")),
+                            ("is_bool", self.kind == "b"), ("is_unsigned", self.kind == "u")):
+            object.__setattr__(self, name, value)
+
     def __reduce__(self) -> tuple:
         return (_by_name, (self.name,))
-
-    @property
-    def is_float(self) -> bool:
-        return self.kind == "f"
-
-    @property
-    def is_int(self) -> bool:
-        return self.kind in ("i", "u")
-
-    @property
-    def is_bool(self) -> bool:
-        return self.kind == "b"
-
-    @property
-    def is_unsigned(self) -> bool:
-        return self.kind == "u"
 
 
 bool_ = DType("bool", 1, "b", 0, np.bool_)

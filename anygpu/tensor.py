@@ -70,6 +70,16 @@ def _host_array(data: Any, dtype: DType | None) -> tuple[np.ndarray, DType]:
     return arr, dtype
 
 
+_new_tensor = object.__new__
+
+
+def _leaf(lazy: Lazy) -> "Tensor":
+    """``Tensor(lazy)`` without its checks: a tensor that needs no gradient."""
+    out = _new_tensor(Tensor)
+    out.lazy, out.requires_grad, out.grad, out._ctx = lazy, False, None, None
+    return out
+
+
 class Tensor:
     """A lazy array on a device. ``Tensor(data, device=None, dtype=None, requires_grad=False)``."""
 
@@ -234,10 +244,14 @@ class Tensor:
     # ---- the one place graph nodes are made ------------------------------------------------------
     @staticmethod
     def _make(lazy: Lazy, parents: tuple["Tensor", ...], op: Any, arg: Any = None) -> "Tensor":
-        out = Tensor(lazy)
-        if lazy.dtype.is_float and any(p.requires_grad for p in parents) and is_grad_enabled():
-            out.requires_grad = True
-            out._ctx = (op, parents, arg)
+        out = _new_tensor(Tensor)  # Tensor(lazy) without its checks: the hottest constructor
+        out.lazy, out.requires_grad, out.grad, out._ctx = lazy, False, None, None
+        if lazy.dtype.is_float and is_grad_enabled():
+            for p in parents:
+                if p.requires_grad:
+                    out.requires_grad = True
+                    out._ctx = (op, parents, arg)
+                    break
         return out
 
     def _alu(self, op: Op, *others: "Tensor", arg: Any = None) -> "Tensor":
@@ -273,8 +287,8 @@ class Tensor:
     # ---- broadcasting ----------------------------------------------------------------------------
     def _const_like(self, value: Scalar, dtype: DType | None = None,
                     shape: tuple[int, ...] | None = None) -> "Tensor":
-        return Tensor(Lazy.const(value, self.shape if shape is None else shape,
-                                 dtype or self.dtype, self.device))
+        return _leaf(Lazy.const(value, self.lazy.shape if shape is None else shape,
+                                dtype or self.lazy.dtype, self.lazy.device))
 
     def _operands(self, other: TensorLike, reverse: bool = False,
                   out_dtype: DType | None = None) -> tuple["Tensor", "Tensor"]:
@@ -293,9 +307,9 @@ class Tensor:
             d = out_dtype or dt.scalar_dtype(other, self.dtype)
             if d.is_int and isinstance(other, (int, np.integer)) and not isinstance(other, bool):
                 other = dt.wrap_int(int(other), d)  # an integer scalar wraps, as in PyTorch
-            a = self.cast(d)
+            a = self if d is self.lazy.dtype else self.cast(d)
             # made in the broadcast shape at once (a constant's views fold to a constant)
-            b = Tensor(Lazy.const(other, a.shape, d, self.device))
+            b = _leaf(Lazy.const(other, a.lazy.shape, d, a.lazy.device))
             return (b, a) if reverse else (a, b)
         else:
             return self._operands(Tensor(other, device=self.device), reverse, out_dtype)
@@ -1033,12 +1047,14 @@ class Tensor:
         return self.T
 
     def expand(self, *shape: Any) -> "Tensor":
-        new = _shape_arg(shape)
-        if len(new) < self.ndim:
-            raise ValueError(f"cannot expand {self.shape} to {new}")
-        x = self.reshape((1,) * (len(new) - self.ndim) + self.shape)
-        target = tuple(o if n == -1 else n for o, n in zip(x.shape, new))
-        return x._move(Op.EXPAND, target)
+        new = shape[0] if len(shape) == 1 and type(shape[0]) is tuple else _shape_arg(shape)
+        have = self.lazy.shape
+        if len(new) < len(have):
+            raise ValueError(f"cannot expand {have} to {new}")
+        x = self if len(new) == len(have) else self.reshape((1,) * (len(new) - len(have)) + have)
+        if -1 in new:
+            new = tuple([o if n == -1 else n for o, n in zip(x.lazy.shape, new)])
+        return x._move(Op.EXPAND, new)
 
     def expand_as(self, other: "Tensor") -> "Tensor":
         return self.expand(other.shape)
@@ -1336,6 +1352,19 @@ def _as_tensor(x: TensorLike, like: Tensor) -> Tensor:
 
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    key = shapes if all(type(s) is tuple for s in shapes) else None
+    hit = _broadcasts.get(key) if key is not None else None
+    if hit is None:
+        hit = _broadcast_shapes(shapes)
+        if key is not None and len(_broadcasts) < 4096:
+            _broadcasts[key] = hit
+    return hit
+
+
+_broadcasts: dict[tuple, tuple[int, ...]] = {}  # the shapes a model broadcasts, again each step
+
+
+def _broadcast_shapes(shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
     nd = max(len(s) for s in shapes)
     out = []
     for dims in zip(*[(1,) * (nd - len(s)) + tuple(s) for s in shapes]):
@@ -1349,8 +1378,8 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 def _broadcast(*ts: Tensor) -> tuple[Tensor, ...]:
     if len(ts) == 2 and ts[0].lazy.shape == ts[1].lazy.shape:
         return ts
-    shape = broadcast_shapes(*(t.shape for t in ts))
-    return tuple(t.expand(shape) if t.shape != shape else t for t in ts)
+    shape = broadcast_shapes(*[t.lazy.shape for t in ts])
+    return tuple([t if t.lazy.shape == shape else t.expand(shape) for t in ts])
 
 
 def tensor(data: Any, dtype: Any = None, device: str | None = None,

@@ -130,15 +130,19 @@ class Lazy:
     def movement(self, op: Op, arg: Any) -> "Lazy":
         assert op in MOVEMENT, op
         shape = movement_shape(self.shape, op, arg)
-        if op in (Op.RESHAPE, Op.EXPAND) and shape == self.shape:
-            return self
-        if op is Op.PERMUTE and tuple(arg) == tuple(range(len(self.shape))):
-            return self
-        if op is Op.PAD and all(tuple(p) == (0, 0) for p in arg):
-            return self
-        if op is Op.SHRINK and all(tuple(p) == (0, n) for p, n in zip(arg, self.shape)):
-            return self
-        if op is Op.FLIP and not arg:
+        if op is Op.RESHAPE or op is Op.EXPAND:
+            if shape == self.shape:
+                return self
+        elif op is Op.PERMUTE:
+            if tuple(arg) == tuple(range(len(self.shape))):
+                return self
+        elif op is Op.PAD:
+            if all(tuple(p) == (0, 0) for p in arg):
+                return self
+        elif op is Op.SHRINK:
+            if shape == self.shape:  # (each (lo, hi) within its axis: the whole axis)
+                return self
+        elif not arg:  # a flip of no axes
             return self
         if self.op is Op.CONST and op is not Op.PAD:
             return Lazy.const(self.arg, shape, self.dtype, self.device)
@@ -157,17 +161,17 @@ def movement_shape(shape: Shape, op: Op, arg: Any) -> Shape:
     """Check a movement op's argument against ``shape`` and return the new shape."""
     nd = len(shape)
     if op is Op.RESHAPE:
-        new = tuple(int(n) for n in arg)
-        if any(n < 0 for n in new) or math.prod(new) != math.prod(shape):
+        new = tuple(map(int, arg))
+        if (new and min(new) < 0) or math.prod(new) != math.prod(shape):
             raise ValueError(f"cannot reshape {shape} to {new}")
         return new
     if op is Op.PERMUTE:
         if sorted(arg) != list(range(nd)):
             raise ValueError(f"permute {tuple(arg)} is not an order of {nd} axes")
-        return tuple(shape[a] for a in arg)
+        return tuple([shape[a] for a in arg])
     if op is Op.EXPAND:
-        new = tuple(int(n) for n in arg)
-        if len(new) != nd or any(o != n and o != 1 for o, n in zip(shape, new)):
+        new = tuple(map(int, arg))
+        if len(new) != nd or any([o != n and o != 1 for o, n in zip(shape, new)]):
             raise ValueError(f"cannot expand {shape} to {new}")
         return new
     if op is Op.PAD:

@@ -1509,6 +1509,21 @@ def _reads_only_at(ast: lower.KernelAST, buf_name: str, index: ir.Expr) -> bool:
 
 
 _in_place: dict[tuple, lower.KernelAST] = {}
+_reads_own: dict[tuple, bool] = {}  # (signature, k) -> whether input k is read only in place
+
+
+def _writes_in_place(signature: tuple, ast: lower.KernelAST, k: int) -> bool:
+    """Whether the kernel reads its input ``k`` only at the position it writes (kept by the
+    kernel's signature: an optimizer's update asks again every step)."""
+    key = (signature, k)
+    hit = _reads_own.get(key) if signature else None
+    if hit is None:
+        hit = _reads_only_at(ast, f"b{k + 1}", ast.out_index)
+        if signature:
+            if len(_reads_own) > 4096:
+                _reads_own.clear()
+            _reads_own[key] = hit
+    return hit
 
 # A value written in place shares the target's buffer. Before the next write into that buffer,
 # the values still alive get a copy of their own, so they keep what they were (PyTorch's copy_
@@ -1616,7 +1631,7 @@ def realize_into(value: Lazy, target: Lazy) -> None:
         aliased = any(n.buffer is None and (rows := row_slice(n)) is not None and
                       rows[0].buffer is target.buffer for n in ast.inputs)
         if not aliased and (k is None or (not ast.stages and
-                                          _reads_only_at(ast, f"b{k + 1}", ast.out_index))):
+                                          _writes_in_place(last.signature, ast, k))):
             if k is not None:
                 key = (last.signature, "in place", k)
                 template = _in_place.get(key)

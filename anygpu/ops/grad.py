@@ -100,19 +100,27 @@ def _rmax_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -
     return ((g / count).expand(x.shape) * hit,)
 
 
+def _moved(g: "Tensor", op: Op, arg: Any) -> "Tensor":
+    """A view of a gradient (the rules run without gradients of their own: the graph node
+    alone, none of the tensor methods' argument handling)."""
+    from anygpu.tensor import _leaf
+
+    return _leaf(g.lazy.movement(op, arg))
+
+
 def _permute_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
     inverse = [0] * len(arg)
     for i, a in enumerate(arg):
         inverse[a] = i
-    return (g.permute(inverse),)
+    return (_moved(g, Op.PERMUTE, tuple(inverse)),)
 
 
 def _pad_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
-    return (g.shrink([(a, a + n) for (a, _), n in zip(arg, ps[0].shape)]),)
+    return (_moved(g, Op.SHRINK, tuple([(a, a + n) for (a, _), n in zip(arg, ps[0].shape)])),)
 
 
 def _shrink_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
-    return (g._move(Op.PAD, tuple((a, n - b) for (a, b), n in zip(arg, ps[0].shape))),)
+    return (_moved(g, Op.PAD, tuple([(a, n - b) for (a, b), n in zip(arg, ps[0].shape)])),)
 
 
 def _gather_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
@@ -336,7 +344,7 @@ RULES: dict[Any, Rule] = {
     Op.RMAX: _rmax_grad,
     Op.PROD: _prod_grad,
     Op.MOD: lambda out, ps, arg, g: (g, -g * (ps[0] / ps[1]).trunc()),
-    Op.RESHAPE: lambda out, ps, arg, g: (g.reshape(ps[0].shape),),
+    Op.RESHAPE: lambda out, ps, arg, g: (_moved(g, Op.RESHAPE, ps[0].shape),),
     Op.PERMUTE: _permute_grad,
     Op.EXPAND: lambda out, ps, arg, g: (_unexpand(g, ps[0].shape),),
     Op.PAD: _pad_grad,
