@@ -272,15 +272,22 @@ def winograd_3x3(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tenso
     th, tw = -(-oh // 2), -(-ow // 2)
     if 2 * th + 2 > h or 2 * tw + 2 > w:  # an odd output size: one more row or column of zeros
         x = x.pad([0, 2 * tw + 2 - w, 0, 2 * th + 2 - h])
-    bt, g, at = _winograd_matrices(x.device)
+    bt, _, at = _winograd_matrices(x.device)
     # tile (ty, tx)'s row 2p + q is row ty + p of the (TH + 1, 2)-cut rows: windows of 2 at stride 1
     rows = x.reshape(n, c, th + 1, 2, tw + 1, 2).permute(0, 1, 3, 5, 2, 4)  # N C q q' TH+1 TW+1
     d = unfold2d(rows.reshape(n, c * 4, th + 1, tw + 1), (2, 2), (1, 1), (1, 1))
     d = d.reshape(n, c, 2, 2, th, tw, 2, 2).permute(1, 0, 4, 5, 6, 2, 7, 3)  # C N TH TW p q p' q'
     v = (d.unsqueeze(0).unsqueeze(0) * bt.reshape(4, 4, 1, 1, 1, 1, 2, 2, 2, 2)).sum(
         (6, 7, 8, 9)).reshape(16, c, n * th * tw)
-    u = (weight.unsqueeze(0).unsqueeze(0) * g.reshape(4, 4, 1, 1, 3, 3)).sum((4, 5))
-    m = (u.reshape(16, o, c) @ v).reshape(4, 4, o, n, th, tw)
+    if is_grad_enabled() and weight.requires_grad:
+        # the product by a rule of its own, which transforms the filters again: through the
+        # chain of its primitives, the transformed filters (16 x O x C, 4 MiB at 256 channels)
+        # were held from the forward pass to the backward one for every layer
+        m = weight._custom("winograd_product", (v,), None,
+                           lambda: _winograd_filters(weight) @ v)
+    else:
+        m = _winograd_filters(weight) @ v
+    m = m.reshape(4, 4, o, n, th, tw)
     # summed in the output's own order (N O TH i TW j), so that it is written once, bias included
     m = m.permute(3, 2, 4, 5, 0, 1).reshape(n, o, th, 1, tw, 1, 4, 4)
     y = (m * at.reshape(1, 1, 1, 2, 1, 2, 4, 4)).sum((6, 7))
@@ -289,6 +296,31 @@ def winograd_3x3(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tenso
         y = y.shrink([(0, n), (0, o), (0, oh), (0, ow)])
     y = y.cast(x.dtype)
     return y + bias.reshape(1, o, 1, 1) if bias is not None else y
+
+
+def _winograd_filters(weight: Tensor) -> Tensor:
+    """(O, C, 3, 3) filters transformed by G g G^T: (16, O, C)."""
+    o, c = weight.shape[:2]
+    g = _winograd_matrices(weight.device)[1]
+    return (weight.unsqueeze(0).unsqueeze(0) * g.reshape(4, 4, 1, 1, 3, 3)).sum((4, 5)).reshape(
+        16, o, c)
+
+
+def winograd_product_grad(out: Tensor, parents: tuple[Tensor, ...], arg: object, g: Tensor
+                          ) -> tuple[Tensor | None, Tensor | None]:
+    """The gradients of Winograd's 16 products U V (``winograd_3x3``) with respect to the
+    filters (through U = G g G^T) and to the transformed input V, the filters transformed
+    again rather than held since the forward pass."""
+    weight, v = parents
+    o, c = weight.shape[:2]
+    dw = dv = None
+    if weight.requires_grad:
+        du = (g @ v.transpose(1, 2)).reshape(4, 4, o, c, 1, 1)
+        gm = _winograd_matrices(weight.device)[1].reshape(4, 4, 1, 1, 3, 3)
+        dw = (du * gm).sum((0, 1))
+    if v.requires_grad:
+        dv = _winograd_filters(weight).transpose(1, 2) @ g
+    return dw, dv
 
 
 def _batched(x: Tensor, name: str) -> tuple[Tensor, bool]:

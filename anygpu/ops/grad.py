@@ -216,6 +216,13 @@ def _tiled_pool_grad(x: "Tensor", first: "Tensor", g: "Tensor", k: Any) -> "Tens
     return out.pad([0, w - ow * kw, 0, h - oh * kh])  # rows past the last window: none
 
 
+def _winograd_product_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor"
+                           ) -> Grads:
+    from anygpu.nn.convolution import winograd_product_grad  # (nn builds on this module)
+
+    return winograd_product_grad(out, ps, arg, g)
+
+
 def _conv2d_grad(out: "Tensor", ps: tuple["Tensor", ...], arg: Any, g: "Tensor") -> Grads:
     from anygpu.nn.convolution import conv2d_grad  # (nn builds on this module)
 
@@ -370,6 +377,7 @@ RULES: dict[Any, Rule] = {
     "max_first": _max_first_grad,
     "max_pool2d": _max_pool2d_grad,
     "conv2d": _conv2d_grad,
+    "winograd_product": _winograd_product_grad,
     "batch_norm": _batch_norm_grad,
     "std": _std_grad,
     "sort": _sort_grad,

@@ -212,6 +212,25 @@ def test_conv2d_winograd(device, close, randn, monkeypatch, shape, out, padding,
         close(b.grad, tb.grad, rtol=1e-4, atol=1e-4)
 
 
+def test_winograd_holds_the_filters_untransformed(monkeypatch):
+    # the tensors the backward pass keeps from a Winograd convolution: the filters as they are,
+    # not their transform (16 x O x C), which the product's own rule computes again
+    monkeypatch.setattr(convolution, "WINOGRAD", True)
+    x = ag.randn(2, 8, 10, 10, requires_grad=True)
+    w = ag.randn(32, 8, 3, 3, requires_grad=True)
+    y = F.conv2d(x, w, padding=1)
+    held, stack, seen = set(), [y], set()
+    while stack:
+        t = stack.pop()
+        if id(t) in seen or t._ctx is None:
+            continue
+        seen.add(id(t))
+        for p in t._ctx[1]:
+            held.add(p.shape)
+            stack.append(p)
+    assert w.shape in held and (16, 32, 8) not in held and (4, 4, 32, 8) not in held
+
+
 def test_winograd_choice(monkeypatch):
     # where it runs: float32 on GPUs from 128 channels on; never on the processor or for
     # 16-bit floats; the module switch overrides
