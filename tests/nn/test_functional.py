@@ -188,12 +188,16 @@ WINOGRAD_CASES = [((1, 3, 8, 8), 4, 1, True), ((2, 5, 9, 7), 6, 1, False),
                   ((1, 4, 5, 6), 3, 0, True), ((3, 2, 4, 3), 5, "same", True)]
 
 
+@pytest.mark.parametrize("held", [False, True], ids=["tiles computed again", "tiles held"])
 @pytest.mark.parametrize("shape,out,padding,bias", WINOGRAD_CASES,
                          ids=range(len(WINOGRAD_CASES)))
-def test_conv2d_winograd(device, close, randn, monkeypatch, shape, out, padding, bias):
+def test_conv2d_winograd(device, close, randn, monkeypatch, shape, out, padding, bias, held):
     # F(2x2, 3x3) forced on: odd and even output sizes (a last half tile), batch 1, no padding,
-    # with and without bias; forward and both gradients against PyTorch's direct convolution
+    # with and without bias; forward and both gradients against PyTorch's direct convolution,
+    # the input's transformed tiles computed again in the backward pass or held from the forward
     monkeypatch.setattr(convolution, "WINOGRAD", True)
+    if held:
+        monkeypatch.setattr(convolution, "WINOGRAD_RECOMPUTE", 0)
     xh, wh = randn(shape, 30), randn((out, shape[1], 3, 3), 31)
     bh = randn((out,), 32) if bias else None
     x = ag.tensor(xh, device=device, requires_grad=True)
@@ -212,13 +216,22 @@ def test_conv2d_winograd(device, close, randn, monkeypatch, shape, out, padding,
         close(b.grad, tb.grad, rtol=1e-4, atol=1e-4)
 
 
-def test_winograd_holds_the_filters_untransformed(monkeypatch):
-    # the tensors the backward pass keeps from a Winograd convolution: the filters as they are,
-    # not their transform (16 x O x C), which the product's own rule computes again
+def test_winograd_holds_no_transforms(monkeypatch):
+    # the tensors the backward pass keeps from a Winograd convolution: the filters and the input
+    # as they are, not their transforms (16 x O x C, and 16 x C x tiles), which the product's
+    # own rule computes again
     monkeypatch.setattr(convolution, "WINOGRAD", True)
     x = ag.randn(2, 8, 10, 10, requires_grad=True)
     w = ag.randn(32, 8, 3, 3, requires_grad=True)
-    y = F.conv2d(x, w, padding=1)
+    held = _held_shapes(F.conv2d(x, w, padding=1))
+    assert w.shape in held and (2, 8, 12, 12) in held  # the weight, the padded input
+    assert not held & {(16, 32, 8), (4, 4, 32, 8), (16, 8, 50)}  # 5 x 5 tiles of 2 images
+    # above WINOGRAD_RECOMPUTE bytes the tiles are held, the filters' transform still not
+    monkeypatch.setattr(convolution, "WINOGRAD_RECOMPUTE", 16 * 8 * 50 * 4 - 1)
+    assert _held_shapes(F.conv2d(x, w, padding=1)) & {(16, 32, 8), (16, 8, 50)} == {(16, 8, 50)}
+
+
+def _held_shapes(y):
     held, stack, seen = set(), [y], set()
     while stack:
         t = stack.pop()
@@ -228,7 +241,7 @@ def test_winograd_holds_the_filters_untransformed(monkeypatch):
         for p in t._ctx[1]:
             held.add(p.shape)
             stack.append(p)
-    assert w.shape in held and (16, 32, 8) not in held and (4, 4, 32, 8) not in held
+    return held
 
 
 def test_winograd_choice(monkeypatch):
