@@ -49,6 +49,7 @@ class Step:
     fused: tuple[int, ...]
     ast: Any  # the kernel's lowering template (no graph nodes); None for a copy
     signature: tuple
+    sid: int | None = None  # the signature's number (schedule.signature_id), once looked up
 
 
 @dataclass

@@ -11,6 +11,7 @@ whole schedules by graph structure.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import functools
 import math
 import sys
@@ -45,6 +46,7 @@ class KernelItem:
     ast: lower.KernelAST
     signature: tuple = ()
     fused: list[Lazy] = dataclasses.field(default_factory=list)  # nodes it computes unstored
+    sid: int | None = None  # the signature's number (``signature_id``), once looked up
 
     @property
     def output(self) -> Lazy:
@@ -71,7 +73,8 @@ def schedule(outputs: Sequence[Lazy]) -> list[Item]:
         plan = plans.find(walk)
         if plan is not None:
             return [CopyItem(out) if step.ast is None else
-                    KernelItem(_with_nodes(step.ast, out, inputs), step.signature, fused)
+                    KernelItem(_with_nodes(step.ast, out, inputs), step.signature, fused,
+                               _step_id(step))
                     for step, out, inputs, fused in plans.replay(plan, walk)]
         items = _plan_items(outputs)
         plans.store(walk, [(item.output, [], [], None, ()) if isinstance(item, CopyItem) else
@@ -1364,7 +1367,30 @@ _rendered: dict[tuple, tuple[ir.Kernel, str]] = {}
 
 
 def _key(item: KernelItem, device: Device, features: tuple) -> tuple:
-    return (item.signature, device.name, features)
+    if item.sid is None:
+        item.sid = signature_id(item.signature)
+    return (item.sid, device.name, features)
+
+
+_signature_ids: dict[tuple, int] = {}
+_next_id = itertools.count()
+
+
+def signature_id(signature: tuple) -> int:
+    """A number for a kernel's signature, the same for equal signatures in this process (never
+    reused): the caches of compiled kernels are keyed by it, as hashing a signature walks all
+    of it (about 3 us; a step looked each of its kernels up three times)."""
+    sid = _signature_ids.get(signature)
+    if sid is None:
+        sid = _signature_ids[signature] = next(_next_id)
+    return sid
+
+
+def _step_id(step: plans.Step) -> int:
+    """A replayed step's signature number, looked up once for the plan."""
+    if step.sid is None:
+        step.sid = signature_id(step.signature)
+    return step.sid
 
 
 def _lower(item: KernelItem, device: Device, features: dict, feature_key: tuple,
@@ -1508,21 +1534,43 @@ def _reads_only_at(ast: lower.KernelAST, buf_name: str, index: ir.Expr) -> bool:
     return True
 
 
-_in_place: dict[tuple, lower.KernelAST] = {}
-_reads_own: dict[tuple, bool] = {}  # (signature, k) -> whether input k is read only in place
+# (signature number, k) -> the kernel writing input k in place: template, signature, number
+_in_place: dict[tuple[int, int], tuple[lower.KernelAST, tuple, int]] = {}
+_reads_own: dict[tuple[int, int], bool] = {}  # -> whether input k is read only in place
 
 
-def _writes_in_place(signature: tuple, ast: lower.KernelAST, k: int) -> bool:
+def _in_place_item(item: KernelItem, k: int, value: Lazy) -> KernelItem:
+    """``item``'s kernel writing into its input ``k`` (computing ``value``)."""
+    inputs = item.ast.inputs[:k] + item.ast.inputs[k + 1:]
+    if not item.signature:  # a kernel no cache keeps
+        return KernelItem(dataclasses.replace(lower.write_in_place(item.ast, k), output=value,
+                                              inputs=inputs))
+    if item.sid is None:
+        item.sid = signature_id(item.signature)
+    cached = _in_place.get((item.sid, k))
+    if cached is None:  # cached without graph nodes, like _ast_cache
+        signature = (item.signature, "in place", k)
+        cached = _in_place[(item.sid, k)] = (_template(lower.write_in_place(item.ast, k)),
+                                             signature, signature_id(signature))
+    template, signature, sid = cached
+    return KernelItem(dataclasses.replace(template, output=value, inputs=inputs), signature,
+                      sid=sid)
+
+
+def _writes_in_place(item: KernelItem, ast: lower.KernelAST, k: int) -> bool:
     """Whether the kernel reads its input ``k`` only at the position it writes (kept by the
     kernel's signature: an optimizer's update asks again every step)."""
-    key = (signature, k)
-    hit = _reads_own.get(key) if signature else None
+    if not item.signature:
+        return _reads_only_at(ast, f"b{k + 1}", ast.out_index)
+    if item.sid is None:
+        item.sid = signature_id(item.signature)
+    key = (item.sid, k)
+    hit = _reads_own.get(key)
     if hit is None:
         hit = _reads_only_at(ast, f"b{k + 1}", ast.out_index)
-        if signature:
-            if len(_reads_own) > 4096:
-                _reads_own.clear()
-            _reads_own[key] = hit
+        if len(_reads_own) > 4096:
+            _reads_own.clear()
+        _reads_own[key] = hit
     return hit
 
 # A value written in place shares the target's buffer. Before the next write into that buffer,
@@ -1631,17 +1679,9 @@ def realize_into(value: Lazy, target: Lazy) -> None:
         aliased = any(n.buffer is None and (rows := row_slice(n)) is not None and
                       rows[0].buffer is target.buffer for n in ast.inputs)
         if not aliased and (k is None or (not ast.stages and
-                                          _writes_in_place(last.signature, ast, k))):
-            if k is not None:
-                key = (last.signature, "in place", k)
-                template = _in_place.get(key)
-                if template is None:  # cached without graph nodes, like _ast_cache
-                    template = _template(lower.write_in_place(ast, k))
-                    _in_place[key] = template
-                ast = dataclasses.replace(template, output=value,
-                                          inputs=last.ast.inputs[:k] + last.ast.inputs[k + 1:])
-            launch = prepare(KernelItem(ast, key if k is not None else last.signature),
-                             out=target.buffer)
+                                          _writes_in_place(last, ast, k))):
+            item = last if k is None else _in_place_item(last, k, value)
+            launch = prepare(item, out=target.buffer)
             launch()
             _record(launch)
             value.set_buffer(target.buffer)
