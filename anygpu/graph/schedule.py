@@ -11,8 +11,8 @@ whole schedules by graph structure.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import functools
+import itertools
 import math
 import sys
 import time
