@@ -1367,9 +1367,14 @@ _rendered: dict[tuple, tuple[ir.Kernel, str]] = {}
 
 
 def _key(item: KernelItem, device: Device, features: tuple) -> tuple:
+    return (_item_id(item), device.name, features)
+
+
+def _item_id(item: KernelItem) -> int:
+    """The item's signature number, looked up once."""
     if item.sid is None:
         item.sid = signature_id(item.signature)
-    return (item.sid, device.name, features)
+    return item.sid
 
 
 _signature_ids: dict[tuple, int] = {}
@@ -1545,12 +1550,10 @@ def _in_place_item(item: KernelItem, k: int, value: Lazy) -> KernelItem:
     if not item.signature:  # a kernel no cache keeps
         return KernelItem(dataclasses.replace(lower.write_in_place(item.ast, k), output=value,
                                               inputs=inputs))
-    if item.sid is None:
-        item.sid = signature_id(item.signature)
-    cached = _in_place.get((item.sid, k))
+    cached = _in_place.get((_item_id(item), k))
     if cached is None:  # cached without graph nodes, like _ast_cache
         signature = (item.signature, "in place", k)
-        cached = _in_place[(item.sid, k)] = (_template(lower.write_in_place(item.ast, k)),
+        cached = _in_place[(_item_id(item), k)] = (_template(lower.write_in_place(item.ast, k)),
                                              signature, signature_id(signature))
     template, signature, sid = cached
     return KernelItem(dataclasses.replace(template, output=value, inputs=inputs), signature,
@@ -1562,9 +1565,7 @@ def _writes_in_place(item: KernelItem, ast: lower.KernelAST, k: int) -> bool:
     kernel's signature: an optimizer's update asks again every step)."""
     if not item.signature:
         return _reads_only_at(ast, f"b{k + 1}", ast.out_index)
-    if item.sid is None:
-        item.sid = signature_id(item.signature)
-    key = (item.sid, k)
+    key = (_item_id(item), k)
     hit = _reads_own.get(key)
     if hit is None:
         hit = _reads_only_at(ast, f"b{k + 1}", ast.out_index)
