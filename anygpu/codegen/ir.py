@@ -295,6 +295,18 @@ class VecLoad:
 
 
 @dataclass
+class VecStore:
+    """Stores ``values`` into consecutive elements ``buf[index + i]`` of a kernel parameter
+    (``dtype``: its stored dtype) in one vector store where the dialect has one: ``index`` is a
+    multiple of ``len(values)``, which span 4, 8 or 16 bytes."""
+
+    buf: str
+    dtype: DType
+    index: Expr
+    values: list[Expr]
+
+
+@dataclass
 class Mma:
     """A warp's matrix multiply-accumulate on tensor cores (CUDA's ``mma.sync``): ``acc`` (four
     float32 variables per thread) += A (16 x k) @ B (k x 8), with ``shape`` "m16n8k16" (float16,
@@ -383,8 +395,8 @@ class WgmmaSync:
     acc: list[str] = field(default_factory=list)
 
 
-Stmt = (Decl | Assign | Store | For | If | Barrier | LocalArray | VecLoad | Mma | LdMatrix
-        | AsyncCopy | AsyncCommit | AsyncWait | Wgmma | WgmmaSync)
+Stmt = (Decl | Assign | Store | For | If | Barrier | LocalArray | VecLoad | VecStore | Mma
+        | LdMatrix | AsyncCopy | AsyncCommit | AsyncWait | Wgmma | WgmmaSync)
 # the statements only some dialects render (``async_stmt`` of the renderers)
 AsyncStmt = LdMatrix | AsyncCopy | AsyncCommit | AsyncWait | Wgmma | WgmmaSync
 

@@ -331,6 +331,10 @@ class CStyleRenderer:
         elif isinstance(st, ir.VecLoad):
             for line in self.vector_load(st, self.expr(st.index, True)):
                 self.emit(line)
+        elif isinstance(st, ir.VecStore):
+            for line in self.vector_store(st, self.expr(st.index, True),
+                                          [self.expr(v) for v in st.values]):
+                self.emit(line)
         elif isinstance(st, ir.Mma):
             self.emit(self.mma(st, [self.fragment(f) for f in st.a],
                                [self.fragment(f) for f in st.b]))
@@ -370,6 +374,12 @@ class CStyleRenderer:
         v = self.fresh("v")
         return [f"const float{n} {v} = {read};"] + \
             [f"float {name} = {v}.{'xyzw'[i]};" for i, name in enumerate(st.names)]
+
+    def vector_store(self, st: ir.VecStore, index: str, values: list[str]) -> list[str]:
+        """``st``'s values stored: one store each, where the dialect has no vector store of
+        memory (C, WGSL)."""
+        return [self.store_global(st.buf, st.dtype, f"{index} + {i}", v)
+                for i, v in enumerate(values)]
 
     def global_vector_load(self, st: ir.VecLoad, index: str) -> list[str]:
         """``st``'s elements of a kernel parameter: scalar loads, where the dialect has no
@@ -434,6 +444,8 @@ def _stmt_exprs(st: ir.Stmt) -> list[ir.Expr]:
         return [st.cond]
     if isinstance(st, ir.VecLoad):
         return [st.index]
+    if isinstance(st, ir.VecStore):
+        return [st.index, *st.values]
     if isinstance(st, ir.Mma):
         return [f[1] for f in [*st.a, *st.b] if not isinstance(f, str)]
     if isinstance(st, ir.LdMatrix):

@@ -171,6 +171,17 @@ class CUDARenderer(CStyleRenderer):
             [self.declare_var(name, st.dtype, self.load_global(e, st.dtype, str(i)))
              for i, name in enumerate(st.names)]
 
+    def vector_store(self, st: ir.VecStore, index: str, values: list[str]) -> list[str]:
+        """The values rounded to the stored type in an aligned array of registers, written as
+        one store of 4, 8 or 16 bytes."""
+        size = len(values) * st.dtype.itemsize
+        word = {4: "unsigned", 8: "uint2", 16: "uint4"}[size]
+        s = self.fresh("s")
+        return [f"__align__(16) {self.storage_type(st.dtype)} {s}[{len(values)}];"] + \
+            [self.store_global(s, st.dtype, str(i), v) for i, v in enumerate(values)] + \
+            [f"*reinterpret_cast<{word}*>(&{st.buf}[{index}]) = "
+             f"*reinterpret_cast<const {word}*>({s});"]
+
     def vector_read(self, buf: str, index: str, n: int) -> str | None:
         return f"*reinterpret_cast<const float{n}*>(&{buf}[{index}])"
 

@@ -1,0 +1,81 @@
+"""Elementwise kernels whose threads each compute a run of neighbouring outputs
+(``lower._elementwise_runs``), on every device, against NumPy on fresh random data: every stored
+dtype, runs of 16, 8 and 4 bytes and none (an odd innermost axis), inputs read as vectors
+(contiguous), broadcast along the run, and gathered at unaligned addresses under a bounds check
+(a convolution's windows over padding, as its unfolded operand is written).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import anygpu as ag
+from anygpu import dtype as dt
+from anygpu.codegen import ir, lower
+from anygpu.graph.schedule import KernelItem, schedule
+from anygpu.nn.convolution import unfold2d
+from conftest import as_dtype, compare, host
+
+DTYPES = [dt.float32, dt.float16, dt.bfloat16, dt.int32]
+
+
+def _kernel(out: ag.Tensor, dialect: str) -> ir.Kernel:
+    items = [i for i in schedule([out.lazy]) if isinstance(i, KernelItem)]
+    ast = lower.build_kernel(lower.choose_spec(items[-1].output))
+    return lower.to_ir(ast, dialect, 256, {})
+
+
+def _stores(kernel: ir.Kernel) -> list[ir.VecStore]:
+    from anygpu.codegen.render.cstyle import walk
+    return [st for st in walk(kernel.body) if isinstance(st, ir.VecStore)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("inner", [64, 36, 18, 33])
+def test_runs_elementwise(device: str, dtype: dt.DType, inner: int) -> None:
+    """A sum of a contiguous input, one broadcast along the run and one along the rows, cast:
+    runs of 16 bytes (64 elements a row), 4 (36 of 2-byte elements; 18 of 4-byte ones: 8),
+    and an odd row (33) that keeps a thread an element."""
+    d = dtype
+    shape = (lower.RUNS_MIN // inner + 3, inner)
+    a, b, c = host(shape, d, 1), host((shape[0], 1), d, 2), host((inner,), d, 3)
+    x, y, z = (ag.tensor(v, dtype=d, device=device) for v in (a, b, c))
+    out = (x * 2 + y - z).cast(d)
+    ref = a.astype(np.float32) * 2 + b.astype(np.float32) - c.astype(np.float32)
+    compare(out.numpy(), as_dtype(ref, d) if d.is_float else ref.astype(d.np), d,
+            rtol=2e-2 if d == dt.bfloat16 else None)
+
+
+@pytest.mark.parametrize("dtype", [dt.float32, dt.bfloat16], ids=lambda d: d.name)
+@pytest.mark.parametrize("order", [(1, 4, 5, 0, 2, 3), (0, 2, 3, 1, 4, 5)], ids=["cks", "sck"])
+def test_runs_unfolded_windows(device: str, dtype: dt.DType, order: tuple[int, ...]) -> None:
+    """A padded input's 3x3 windows written out as a 16-bit convolution's unfolded operand:
+    the window offsets outer and the pixels inner, where each run reads neighbours that start
+    at any address, some of them in the padding; or the pixels outer and the channels and
+    offsets inner, where a run spans several axes (3 x 3 offsets of a channel and the next)."""
+    d = dtype
+    n, c, h, w = 4, 3, 24, 40  # 103,680 windows' elements: above RUNS_MIN
+    x = host((n, c, h, w), d, 4)
+    t = ag.tensor(x, dtype=d, device=device).pad([1, 1, 1, 1])
+    out = unfold2d(t, (3, 3), (1, 1), (1, 1)).permute(*order).contiguous()
+    pad = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.stack([np.stack([pad[:, :, i:i + h, j:j + w] for j in range(3)], 1)
+                    for i in range(3)], 1)  # N KH KW C H W
+    ref = ref.transpose(0, 3, 4, 5, 1, 2)  # as unfold2d: N C H W KH KW
+    compare(out.numpy(), ref.transpose(order), d)
+
+
+def test_runs_are_chosen() -> None:
+    """Where the dialect stores vectors, a large elementwise kernel stores runs of 16 bytes
+    (4 float32, 8 bfloat16) and reads its contiguous inputs as vectors; an odd innermost axis,
+    a small output and the other dialects keep a thread an element."""
+    x = ag.tensor(host((512, 256), dt.float32, 5))
+    k = _kernel((x * 3).relu(), "cuda")
+    assert [len(st.values) for st in _stores(k)] == [4]
+    assert any(isinstance(st, ir.VecLoad) for st in k.body[0].body)  # type: ignore[attr-defined]
+    assert [len(st.values) for st in _stores(_kernel(x.cast(ag.bfloat16), "opencl"))] == [8]
+    assert not _stores(_kernel(x * 3, "wgsl"))
+    odd = ag.tensor(host((2049, 33), dt.float32, 6))
+    assert not _stores(_kernel(odd * 3, "cuda"))
+    assert not _stores(_kernel(x[:4] * 3, "cuda"))
