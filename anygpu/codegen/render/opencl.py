@@ -88,16 +88,16 @@ class OpenCLRenderer(CStyleRenderer):
                          for i, name in enumerate(st.names)]
 
     def vector_store(self, st: ir.VecStore, index: str, values: list[str]) -> list[str]:
-        """One ``vstoren`` (``vstore_halfn_rte`` for float16, from floats) of the values, each
-        rounded to the stored type in an array of its own first."""
+        """One ``vstoren`` of a vector built from the values (``vstore_halfn_rte`` for
+        float16, from floats)."""
         n = len(values)
         if st.dtype == float16:
             return [f"vstore_half{n}_rte((float{n})({', '.join(values)}), ({index}) / {n}, "
                     f"{st.buf});"]
-        t, s = self.storage_type(st.dtype), self.fresh("s")
-        return [f"{t} {s}[{n}];"] + \
-            [self.store_global(s, st.dtype, str(i), v) for i, v in enumerate(values)] + \
-            [f"vstore{n}(vload{n}(0, {s}), ({index}) / {n}, {st.buf});"]
+        if st.dtype == bfloat16:
+            values = [f"f32_to_bf16({v})" for v in values]
+        t = self.storage_type(st.dtype)
+        return [f"vstore{n}(({t}{n})({', '.join(values)}), ({index}) / {n}, {st.buf});"]
 
     def load_global_value(self, text: str, dtype: DType) -> str:
         """An element already read from memory (a vector's), as its compute type."""
