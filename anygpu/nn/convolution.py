@@ -89,15 +89,17 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: In
             if st != (1, 1):
                 raise ValueError("padding='same' needs stride 1")
             total = (dil[0] * (kh - 1), dil[1] * (kw - 1))
-            x = input.pad([total[1] // 2, total[1] - total[1] // 2,
-                           total[0] // 2, total[0] - total[0] // 2])
-            return _conv(x, weight, bias, st, dil, groups)
+            pads = (total[1] // 2, total[1] - total[1] // 2, total[0] // 2,
+                    total[0] - total[0] // 2)
+            return _conv(input.pad(list(pads)), weight, bias, st, dil, groups, pads)
         else:
             raise ValueError(f"padding must be 'same', 'valid', an int or a pair, not {padding!r}")
     else:
         pad = _pair(padding, "padding")
-    x = input.pad([pad[1], pad[1], pad[0], pad[0]]) if pad != (0, 0) else input
-    return _conv(x, weight, bias, st, dil, groups)
+    if pad == (0, 0):
+        return _conv(input, weight, bias, st, dil, groups)
+    pads = (pad[1], pad[1], pad[0], pad[0])
+    return _conv(input.pad(list(pads)), weight, bias, st, dil, groups, pads)
 
 
 def _single(v: IntPair, name: str) -> int:
@@ -138,7 +140,10 @@ def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: In
 
 
 def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int, int],
-          dilation: tuple[int, int], groups: int) -> Tensor:
+          dilation: tuple[int, int], groups: int,
+          pads: tuple[int, int, int, int] | None = None) -> Tensor:
+    """The convolution of ``x``; ``pads`` (left, right, top, bottom): the zeros ``x`` was
+    padded with by the caller, for this convolution alone."""
     n, c = x.shape[:2]
     o, cg, kh, kw = weight.shape
     if (kh, kw, stride, dilation, groups) == (3, 3, (1, 1), (1, 1), 1) and \
@@ -146,8 +151,11 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int, int
         return winograd_3x3(x, weight, bias)
     if (stride, dilation, groups) == ((1, 1), (1, 1), 1) and kh * kw > 1 and \
             not x.device.startswith("cpu") and is_grad_enabled() and x.requires_grad:
-        # its data gradient is a convolution itself (``conv2d_grad``)
-        out = x._custom("conv2d", (weight,), None, lambda: _windows_product(x, weight, 1))
+        # its data gradient is a convolution itself (``conv2d_grad``), over the unpadded input
+        # alone where the padding is this convolution's own
+        inside = pads if pads is not None and max(pads[:2]) < kw and max(pads[2:]) < kh \
+            else None
+        out = x._custom("conv2d", (weight,), inside, lambda: _windows_product(x, weight, 1))
     else:
         out = _windows_product(x, weight, groups, stride, dilation)
     out = out.cast(x.dtype)
@@ -190,15 +198,25 @@ def conv2d_grad(out: Tensor, parents: tuple[Tensor, ...], arg: object, g: Tensor
     with the weight flipped and its channels swapped, which the templates compute as a product
     written in place; the chain of the windows' views had summed overlapping windows (col2im)
     after a product of nine times the input's size (VGG-16's 64-channel layers at 224 x 224:
-    2.9 ms of such sums a step on an H200). The weight's is the product of the windows with
-    the output's gradient, as the views' rules give it."""
+    2.9 ms of such sums a step on an H200). Where ``arg`` gives the padding (left, right, top,
+    bottom) that only this convolution reads, the gradient is computed inside it alone and
+    padded with zeros, which the padding's own rule drops: 224 x 224 pixels, not 226 x 226
+    (whose count is no multiple of 8, which had the 16-bit products' windows written out with
+    the channels inner, at a quarter of the speed). The weight's is the product of the windows
+    with the output's gradient, as the views' rules give it."""
     x, weight = parents
     o, c, kh, kw = weight.shape
     n, _, oh, ow = g.shape
     dx = None
     if x.requires_grad:
         flipped = weight.permute(1, 0, 2, 3).flip((2, 3))
-        dx = _conv(g.pad([kw - 1, kw - 1, kh - 1, kh - 1]), flipped, None, (1, 1), (1, 1), 1)
+        if arg is None:
+            dx = _conv(g.pad([kw - 1, kw - 1, kh - 1, kh - 1]), flipped, None, (1, 1), (1, 1), 1)
+        else:
+            assert isinstance(arg, tuple)
+            left, right, top, bottom = arg
+            dx = _conv(g.pad([kw - 1 - left, kw - 1 - right, kh - 1 - top, kh - 1 - bottom]),
+                       flipped, None, (1, 1), (1, 1), 1).pad([left, right, top, bottom])
     dw = None
     if weight.requires_grad:
         win = unfold2d(x, (kh, kw), (1, 1), (1, 1))

@@ -68,13 +68,16 @@ def test_runs_unfolded_windows(device: str, dtype: dt.DType, order: tuple[int, .
 
 def test_runs_are_chosen() -> None:
     """Where the dialect stores vectors, a large elementwise kernel stores runs of 16 bytes
-    (4 float32, 8 bfloat16) and reads its contiguous inputs as vectors; an odd innermost axis,
-    a small output and the other dialects keep a thread an element."""
+    (4 float32, 8 bfloat16 on CUDA) and reads its contiguous inputs as vectors; an odd innermost
+    axis, a small output, OpenCL's 16-bit outputs and the other dialects keep a thread an
+    element."""
     x = ag.tensor(host((512, 256), dt.float32, 5))
     k = _kernel((x * 3).relu(), "cuda")
     assert [len(st.values) for st in _stores(k)] == [4]
     assert any(isinstance(st, ir.VecLoad) for st in k.body[0].body)  # type: ignore[attr-defined]
-    assert [len(st.values) for st in _stores(_kernel(x.cast(ag.bfloat16), "opencl"))] == [8]
+    assert [len(st.values) for st in _stores(_kernel(x.cast(ag.bfloat16), "cuda"))] == [8]
+    assert [len(st.values) for st in _stores(_kernel(x + 1, "opencl"))] == [4]
+    assert not _stores(_kernel(x.cast(ag.bfloat16), "opencl"))
     assert not _stores(_kernel(x * 3, "wgsl"))
     odd = ag.tensor(host((2049, 33), dt.float32, 6))
     assert not _stores(_kernel(odd * 3, "cuda"))

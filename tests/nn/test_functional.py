@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -155,12 +157,15 @@ def test_conv2d_activation_gradients(device, close, randn, shape, out, k, stride
 
 
 @pytest.mark.parametrize("k,padding,dtype", [(3, 1, "float32"), (5, 2, "float32"),
-                                             (3, 0, "bfloat16"), ((3, 1), (1, 0), "float32")])
+                                             (3, 0, "bfloat16"), ((3, 1), (1, 0), "float32"),
+                                             (4, "same", "float32"), (3, (2, 1), "bfloat16")])
 def test_conv2d_data_gradient_is_a_convolution(device, close, randn, k, padding, dtype):
     # a stride-1 convolution's input gradient on a GPU: the convolution of the padded output
     # gradient with the flipped weight, one product written in place; no kernel sums the
-    # overlapping windows of a product nine (k x k) times the input's size. Against PyTorch,
-    # square and rectangular kernels, with and without padding, float32 and bfloat16
+    # overlapping windows of a product nine (k x k) times the input's size; the padding's
+    # gradient is not computed (the product's pixels are the input's). Against PyTorch,
+    # square and rectangular kernels, with and without padding (uneven for "same" with an even
+    # kernel), float32 and bfloat16
     if not get_device(device).supports(getattr(ag, dtype)):
         pytest.skip(f"{dtype} is not supported on {device}")
     kh, kw = (k, k) if isinstance(k, int) else k
@@ -182,6 +187,9 @@ def test_conv2d_data_gradient_is_a_convolution(device, close, randn, k, padding,
         window_sums = [e for e in prof.events if e.kind == "kernel" and not e.flops and
                        e.nbytes > 3 * xh.nbytes]
         assert not window_sums, [e.name for e in window_sums]
+        inside = 2 * math.prod(xh.shape) * wh.shape[0] * kh * kw  # the input's pixels alone
+        products = [e.flops for e in prof.events if e.kind == "kernel" and e.flops]
+        assert inside in products, (inside, products)
 
 
 WINOGRAD_CASES = [((1, 3, 8, 8), 4, 1, True), ((2, 5, 9, 7), 6, 1, False),
