@@ -20,6 +20,7 @@ from anygpu import amp
 from anygpu import dtype as dt
 from anygpu.ops.grad import is_grad_enabled
 from anygpu.ops.linalg import get_float32_matmul_precision
+from anygpu.runtime.registry import get_device
 from anygpu.tensor import Tensor, tensor
 
 IntPair = Union[int, Sequence[int]]
@@ -235,23 +236,26 @@ WINOGRAD_RECOMPUTE = 64 << 20
 
 
 def _winograd_wins(x: Tensor, weight: Tensor) -> bool:
-    """Whether a 3x3 stride-1 convolution runs as Winograd's F(2x2, 3x3) (``winograd_3x3``).
-    Measured on an H100 against the direct implicit GEMM, ResNet-50's layers at batch 16: in
-    exact float32 it wins from 128 channels on (forward 0.7-1.0x the time at 256 and 512, the
-    gradients 0.55-0.85x at 128 to 512) and loses at 64 (forward 1.3x). With tf32 tensor cores
-    its forward wins from 256 channels on (0.4-0.5x), and from 128 when gradients follow
-    (forward 1.4x, gradients 0.5x). On the processor BLAS's direct product is faster (the
-    gradients 1.4x slower by Winograd). float16 and bfloat16 stay direct: their transformed
-    tiles would round to 16 bits."""
+    """Whether a 3x3 stride-1 convolution runs as Winograd's F(2x2, 3x3) (``winograd_3x3``):
+    in exact float32 on GPUs, from 128 channels on. Measured on an H100 against the direct
+    implicit GEMM, ResNet-50's layers at batch 16: forward 0.7-1.0x the time at 256 and 512,
+    the gradients 0.55-0.85x at 128 to 512, and a loss at 64 (forward 1.3x); VGG-16's fp32 step
+    on an H200 took 43.6 ms with it, 78.7 without. Where float32 products may run as tf32 on
+    tensor cores (CUDA from compute capability 8.0), the direct convolution's unfolded windows
+    go to them and win: VGG-16's tf32 step 27.1 ms against 37.4, ResNet-50's 14.1 against
+    15.5, ResNet-18's 6.0 against 7.4 (H200). On the processor BLAS's direct product is faster
+    (the gradients 1.4x slower by Winograd). float16 and bfloat16 stay direct: their
+    transformed tiles would round to 16 bits."""
     if WINOGRAD is not None:
         return WINOGRAD
     channels = min(x.shape[1], weight.shape[0])
     if x.device.startswith("cpu") or x.dtype != dt.float32 or weight.dtype != dt.float32 or \
             channels < 128:
         return False
-    if get_float32_matmul_precision() == "highest" or channels >= 256:
+    if get_float32_matmul_precision() == "highest":
         return True
-    return is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    device = get_device(x.device)
+    return not (device.dialect == "cuda" and device.info.extra.get("cc", (0, 0)) >= (8, 0))
 
 
 # Winograd's F(2x2, 3x3) (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks",

@@ -264,6 +264,25 @@ def test_winograd_choice(monkeypatch):
     assert not convolution._winograd_wins(big, w)
 
 
+def test_winograd_choice_on_gpus(device, monkeypatch):
+    # exact float32 on a GPU from 128 channels on; where products may run as tf32 and the device
+    # has tf32 tensor cores (CUDA from compute capability 8.0), the direct convolution
+    if device.startswith("cpu"):
+        pytest.skip("the processor never runs it")
+    monkeypatch.setattr(convolution, "WINOGRAD", None)
+    x, w = ag.randn(1, 128, 6, 6, device=device), ag.randn(128, 128, 3, 3, device=device)
+    assert convolution._winograd_wins(x, w)
+    assert not convolution._winograd_wins(x[:, :64], w[:64, :64])
+    dev = get_device(device)
+    tf32 = dev.dialect == "cuda" and dev.info.extra.get("cc", (0, 0)) >= (8, 0)
+    before = ag.get_float32_matmul_precision()
+    try:
+        ag.set_float32_matmul_precision("high")
+        assert convolution._winograd_wins(x, w) == (not tf32)
+    finally:
+        ag.set_float32_matmul_precision(before)
+
+
 def test_pooling_functional(device, close, randn):
     x, tx = both(randn((2, 2, 9, 7), 19), device)
     for kw in [dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
