@@ -1624,8 +1624,9 @@ def _elementwise_runs(ast: KernelAST, name: str, params: list[ir.Param], outer_t
         element = {st.name: st.init for st in _decompose(at, inside)  # type: ignore[union-attr]
                    } if spanned > 1 else {inside[0][0]: at}
         copies.append([_fold(ir.substitute(ast.out_value, element, {}), known, {})])
-    reads, copies = _vector_reads(copies, [(d[0], d[1]) for d in dims], "x")
-    body += reads
+    if spanned == 1:  # (across axes, an element's index divides: no linear reads to find)
+        reads, copies = _vector_reads(copies, [(d[0], d[1]) for d in dims], "x")
+        body += reads
     body.append(ir.VecStore("b0", dtype, ir.alu("mul", ir.var("oidx", dt), ir.const(width, dt)),
                             [copy[0] for copy in copies]))
     total = outer_total // width

@@ -13,6 +13,7 @@ import pytest
 import anygpu as ag
 from anygpu import dtype as dt
 from anygpu.codegen import ir, lower
+from anygpu.codegen.render.cstyle import render
 from anygpu.graph.schedule import KernelItem, schedule
 from anygpu.nn.convolution import unfold2d
 from conftest import as_dtype, compare, host
@@ -68,9 +69,9 @@ def test_runs_unfolded_windows(device: str, dtype: dt.DType, order: tuple[int, .
 
 def test_runs_are_chosen() -> None:
     """Where the dialect stores vectors, a large elementwise kernel stores runs of 16 bytes
-    (4 float32, 8 bfloat16 on CUDA) and reads its contiguous inputs as vectors; an odd innermost
-    axis, a small output, OpenCL's 16-bit outputs and the other dialects keep a thread an
-    element."""
+    (4 float32, 8 bfloat16 on CUDA) and reads its contiguous inputs as vectors; on CUDA a run
+    may span trailing axes; an odd innermost axis, a small output, OpenCL's 16-bit outputs and
+    the other dialects keep a thread an element."""
     x = ag.tensor(host((512, 256), dt.float32, 5))
     k = _kernel((x * 3).relu(), "cuda")
     assert [len(st.values) for st in _stores(k)] == [4]
@@ -79,6 +80,14 @@ def test_runs_are_chosen() -> None:
     assert [len(st.values) for st in _stores(_kernel(x + 1, "opencl"))] == [4]
     assert not _stores(_kernel(x.cast(ag.bfloat16), "opencl"))
     assert not _stores(_kernel(x * 3, "wgsl"))
+    # runs across the trailing axes (CUDA): one store of 8, the windows' reads each their own
+    t = ag.tensor(host((4, 8, 16, 16), dt.bfloat16, 7), dtype=dt.bfloat16).pad([1, 1, 1, 1])
+    windows = unfold2d(t, (3, 3), (1, 1), (1, 1)).permute(0, 2, 3, 1, 4, 5).contiguous()
+    k = _kernel(windows, "cuda")
+    assert [len(st.values) for st in _stores(k)] == [8]
+    assert not any(isinstance(st, ir.VecLoad) for st in k.body[0].body)  # type: ignore[attr-defined]
+    assert "uint4" in render(k, "cuda", {"cc": (9, 0)})
+    assert not _stores(_kernel(windows, "opencl"))
     odd = ag.tensor(host((2049, 33), dt.float32, 6))
     assert not _stores(_kernel(odd * 3, "cuda"))
     assert not _stores(_kernel(x[:4] * 3, "cuda"))
