@@ -395,6 +395,14 @@ _UNFOLD_MIN_GPU = 1 << 26
 _UNFOLD_MAX_GPU = 1 << 30
 
 
+def unfolds_on_gpu(product: int, windows_bytes: int) -> bool:
+    """Whether a 16-bit or tf32 convolution whose product has ``product`` elements (multiplies)
+    has its windows of ``windows_bytes`` written out for the tensor cores on a GPU
+    (``_unfold_windows``; ``config.conv_unfold``), where its operands' sizes allow."""
+    return config.get().conv_unfold >= 1 and product >= _UNFOLD_MIN_GPU and \
+        windows_bytes <= _UNFOLD_MAX_GPU
+
+
 def _inner_run(shape: tuple[int, ...], group: list[int]) -> int:
     """The elements of the trailing axes of ``group`` (ascending) that lie next to each other in
     ``shape``, only axes of size 1 between: what a kernel's index merges into its innermost

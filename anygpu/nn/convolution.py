@@ -243,8 +243,9 @@ def _winograd_wins(x: Tensor, weight: Tensor) -> bool:
     on an H200 took 43.6 ms with it, 78.7 without. Where float32 products may run as tf32 on
     tensor cores (CUDA from compute capability 8.0), the direct convolution's unfolded windows
     go to them and win: VGG-16's tf32 step 27.1 ms against 37.4, ResNet-50's 14.1 against
-    15.5, ResNet-18's 6.0 against 7.4 (H200). On the processor BLAS's direct product is faster
-    (the gradients 1.4x slower by Winograd). float16 and bfloat16 stay direct: their
+    15.5, ResNet-18's 6.0 against 7.4 (H200); where its windows stay where they lie (a small
+    product, or windows over 1 GiB), Winograd stays. On the processor BLAS's direct product
+    is faster (the gradients 1.4x slower by Winograd). float16 and bfloat16 stay direct: their
     transformed tiles would round to 16 bits."""
     if WINOGRAD is not None:
         return WINOGRAD
@@ -252,10 +253,14 @@ def _winograd_wins(x: Tensor, weight: Tensor) -> bool:
     if x.device.startswith("cpu") or x.dtype != dt.float32 or weight.dtype != dt.float32 or \
             channels < 128:
         return False
-    if get_float32_matmul_precision() == "highest":
-        return True
     device = get_device(x.device)
-    return not (device.dialect == "cuda" and device.info.extra.get("cc", (0, 0)) >= (8, 0))
+    if get_float32_matmul_precision() == "highest" or device.dialect != "cuda" or \
+            device.info.extra.get("cc", (0, 0)) < (8, 0):
+        return True
+    from anygpu.graph.schedule import unfolds_on_gpu  # (the graph builds on nn's ops)
+    n, c, h, w = x.shape
+    windows = n * c * 9 * (h - 2) * (w - 2)
+    return not unfolds_on_gpu(windows * weight.shape[0], windows * 4)
 
 
 # Winograd's F(2x2, 3x3) (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks",

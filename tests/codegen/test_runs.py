@@ -37,9 +37,10 @@ def _stores(kernel: ir.Kernel) -> list[ir.VecStore]:
 def test_runs_elementwise(device: str, dtype: dt.DType, inner: int) -> None:
     """A sum of a contiguous input, one broadcast along the run and one along the rows, cast:
     runs of 16 bytes (64 elements a row), 4 (36 of 2-byte elements; 18 of 4-byte ones: 8),
-    and an odd row (33) that keeps a thread an element."""
+    and an odd row (33, of 1,990 rows: no run of 16 bytes over both axes either) that keeps a
+    thread an element."""
     d = dtype
-    shape = (lower.RUNS_MIN // inner + 3, inner)
+    shape = (lower.RUNS_MIN // inner + 5, inner)
     a, b, c = host(shape, d, 1), host((shape[0], 1), d, 2), host((inner,), d, 3)
     x, y, z = (ag.tensor(v, dtype=d, device=device) for v in (a, b, c))
     out = (x * 2 + y - z).cast(d)
@@ -54,7 +55,8 @@ def test_runs_unfolded_windows(device: str, dtype: dt.DType, order: tuple[int, .
     """A padded input's 3x3 windows written out as a 16-bit convolution's unfolded operand:
     the window offsets outer and the pixels inner, where each run reads neighbours that start
     at any address, some of them in the padding; or the pixels outer and the channels and
-    offsets inner, where a run spans several axes (3 x 3 offsets of a channel and the next)."""
+    offsets inner, where a run spans several axes on CUDA (a row's pixels, channels and 3 x 3
+    offsets: 40 x 3 x 9 elements)."""
     d = dtype
     n, c, h, w = 4, 3, 24, 40  # 103,680 windows' elements: above RUNS_MIN
     x = host((n, c, h, w), d, 4)
@@ -65,6 +67,19 @@ def test_runs_unfolded_windows(device: str, dtype: dt.DType, order: tuple[int, .
                     for i in range(3)], 1)  # N KH KW C H W
     ref = ref.transpose(0, 3, 4, 5, 1, 2)  # as unfold2d: N C H W KH KW
     compare(out.numpy(), ref.transpose(order), d)
+
+
+def test_runs_in_place_and_sliced(device: str) -> None:
+    """A large update written into its own input (``x += y``: the runs read the output's
+    buffer as vectors before storing them), and an input read from a row slice that starts at
+    an element the vectors are not aligned to."""
+    a, b = host((300, 256), dt.float32, 8), host((300, 256), dt.float32, 9)
+    x, y = ag.tensor(a, device=device), ag.tensor(b, device=device)
+    x += y * 2
+    compare(x.numpy(), a + b * 2, dt.float32)
+    c = host((301 * 256 + 1,), dt.float32, 10)
+    z = ag.tensor(c, device=device)
+    compare((z[1:] * 3).numpy(), c[1:] * 3, dt.float32)
 
 
 def test_runs_are_chosen() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -187,9 +185,15 @@ def test_conv2d_data_gradient_is_a_convolution(device, close, randn, k, padding,
         window_sums = [e for e in prof.events if e.kind == "kernel" and not e.flops and
                        e.nbytes > 3 * xh.nbytes]
         assert not window_sums, [e.name for e in window_sums]
-        inside = 2 * math.prod(xh.shape) * wh.shape[0] * kh * kw  # the input's pixels alone
+        # the data gradient's product covers the input's pixels, not the padding's
+        ph, pw = (kh - 1, kw - 1) if padding == "same" else \
+            (2 * padding, 2 * padding) if isinstance(padding, int) else \
+            (2 * padding[0], 2 * padding[1])
+        n, c, h, w = xh.shape
+        padded = 2 * n * c * (h + ph) * (w + pw) * wh.shape[0] * kh * kw
         products = [e.flops for e in prof.events if e.kind == "kernel" and e.flops]
-        assert inside in products, (inside, products)
+        assert (ph, pw) == (0, 0) or padded not in products, (padded, products)
+        assert 2 * n * c * h * w * wh.shape[0] * kh * kw in products, products
 
 
 WINOGRAD_CASES = [((1, 3, 8, 8), 4, 1, True), ((2, 5, 9, 7), 6, 1, False),
@@ -266,19 +270,22 @@ def test_winograd_choice(monkeypatch):
 
 def test_winograd_choice_on_gpus(device, monkeypatch):
     # exact float32 on a GPU from 128 channels on; where products may run as tf32 and the device
-    # has tf32 tensor cores (CUDA from compute capability 8.0), the direct convolution
+    # has tf32 tensor cores (CUDA from compute capability 8.0), the direct convolution where its
+    # windows are written out for them (a large product), Winograd for a small one
     if device.startswith("cpu"):
         pytest.skip("the processor never runs it")
     monkeypatch.setattr(convolution, "WINOGRAD", None)
     x, w = ag.randn(1, 128, 6, 6, device=device), ag.randn(128, 128, 3, 3, device=device)
-    assert convolution._winograd_wins(x, w)
+    big = ag.zeros(16, 128, 58, 58, device=device)  # (its shape alone is read)
+    assert convolution._winograd_wins(x, w) and convolution._winograd_wins(big, w)
     assert not convolution._winograd_wins(x[:, :64], w[:64, :64])
     dev = get_device(device)
     tf32 = dev.dialect == "cuda" and dev.info.extra.get("cc", (0, 0)) >= (8, 0)
     before = ag.get_float32_matmul_precision()
     try:
         ag.set_float32_matmul_precision("high")
-        assert convolution._winograd_wins(x, w) == (not tf32)
+        assert convolution._winograd_wins(x, w)
+        assert convolution._winograd_wins(big, w) == (not tf32)
     finally:
         ag.set_float32_matmul_precision(before)
 
