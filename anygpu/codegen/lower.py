@@ -1606,6 +1606,13 @@ def _elementwise_runs(ast: KernelAST, name: str, params: list[ir.Param], outer_t
             dialect == "cuda" or dtype.itemsize == 4) else None
     if shape is None:
         return None
+    # the runs are stored at the flat index over the axes, which the output's index must be
+    # (``_Builder.build`` writes outputs in their axes' row-major order)
+    dims_only = [(d[0], d[1]) for d in ast.dims]
+    written = gemm.linear_operand(ir.load("b0", dtype, ast.out_index), dims_only, dtype)
+    if written is None or written.offset != 0 or \
+            written.strides != sym.strides_of(tuple(d[1] for d in ast.dims)):
+        return None
     width, spanned = shape
     dt = ast.index_dtype
     local = min(256, max_local)

@@ -7,6 +7,8 @@ dtype, runs of 16, 8 and 4 bytes and none (an odd innermost axis), inputs read a
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -103,6 +105,12 @@ def test_runs_are_chosen() -> None:
     assert not any(isinstance(st, ir.VecLoad) for st in k.body[0].body)  # type: ignore[attr-defined]
     assert "uint4" in render(k, "cuda", {"cc": (9, 0)})
     assert not _stores(_kernel(windows, "opencl"))
+    # an output written anywhere but at the flat index over its axes keeps a thread an element
+    items = [i for i in schedule([(x * 3).lazy]) if isinstance(i, KernelItem)]
+    ast = lower.build_kernel(lower.choose_spec(items[-1].output))
+    shifted = dataclasses.replace(ast, out_index=ir.alu("add", ast.out_index, 1))
+    assert _stores(lower.to_ir(ast, "cuda", 256, {}))
+    assert not _stores(lower.to_ir(shifted, "cuda", 256, {}))
     odd = ag.tensor(host((2049, 33), dt.float32, 6))
     assert not _stores(_kernel(odd * 3, "cuda"))
     assert not _stores(_kernel(x[:4] * 3, "cuda"))
