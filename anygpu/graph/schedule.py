@@ -74,7 +74,7 @@ def schedule(outputs: Sequence[Lazy]) -> list[Item]:
         if plan is not None:
             return [CopyItem(out) if step.ast is None else
                     KernelItem(_with_nodes(step.ast, out, inputs), step.signature, fused,
-                               _step_id(step))
+                               _item_id(step))
                     for step, out, inputs, fused in plans.replay(plan, walk)]
         items = _plan_items(outputs)
         plans.store(walk, [(item.output, [], [], None, ()) if isinstance(item, CopyItem) else
@@ -1378,8 +1378,9 @@ def _key(item: KernelItem, device: Device, features: tuple) -> tuple:
     return (_item_id(item), device.name, features)
 
 
-def _item_id(item: KernelItem) -> int:
-    """The item's signature number, looked up once."""
+def _item_id(item: KernelItem | plans.Step) -> int:
+    """The signature number of a kernel item, or of a plan's step (replayed every step), looked
+    up once and kept on it."""
     if item.sid is None:
         item.sid = signature_id(item.signature)
     return item.sid
@@ -1397,13 +1398,6 @@ def signature_id(signature: tuple) -> int:
     if sid is None:
         sid = _signature_ids[signature] = next(_next_id)
     return sid
-
-
-def _step_id(step: plans.Step) -> int:
-    """A replayed step's signature number, looked up once for the plan."""
-    if step.sid is None:
-        step.sid = signature_id(step.signature)
-    return step.sid
 
 
 def _lower(item: KernelItem, device: Device, features: dict, feature_key: tuple,
