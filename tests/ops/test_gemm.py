@@ -334,6 +334,68 @@ def test_float32_batch_of_rows_takes_tiles(device: str, rows: int, k: int, cols:
         _check(got, want, F32)
 
 
+
+@pytest.mark.parametrize("dtype", [ag.float16, ag.bfloat16])
+def test_16_bit_batch_of_rows_against_weights_along_columns(device: str, dtype: ag.DType) -> None:
+    """A 16-bit linear layer's input gradient at a batch of 16 (``g @ w``, the weights running
+    along the product's columns, not along k, so the tensor cores' rows template does not read
+    them): on GPUs the SIMT template's tiles of 16 rows, each weight read once (the generic
+    reduction ran VGG-16's at 163 GB/s on an H100); the forward product ``x @ w.T`` stays with
+    the rows template on CUDA from sm_80. Against PyTorch."""
+    if not get_device(device).supports(dtype):
+        pytest.skip(f"{dtype.name} is not supported on {device}")
+    g, w = _rand((16, 512), 50), _rand((512, 1040), 51) / np.float32(np.sqrt(512))
+    tg, tw = (ag.tensor(v, device=device).cast(dtype) for v in (g, w))
+    got = tg @ tw
+    on_cpu = device.partition(":")[0] == "cpu"
+    assert on_cpu or _template(got).startswith("gemm 16x64x16 tiles")
+    pg, pw = (torch.from_numpy(v).to(TORCH[dtype]) for v in (g, w))
+    _check(got, (pg.float() @ pw.float()), dtype)
+    x = ag.tensor(_rand((16, 1040), 52), device=device).cast(dtype)
+    assert ("tensor-core rows" in _template(x @ tw.T)) == _pipelined_here(device)
+
+
+def test_16_bit_rows_tiles_render() -> None:
+    """Checked without a GPU (the GPU check runs them): a 16-bit product of 16 rows whose long
+    side's operand runs along its columns takes the SIMT tiles of 16 rows on CUDA; along k (a
+    linear layer's forward product) the tensor cores' rows template; float32 the tiles
+    either way."""
+    def template(dtype: ag.DType, along_k: bool) -> str:
+        g = ag.tensor(_rand((16, 2048), 53)).cast(dtype).realize()
+        w = ag.tensor(_rand((1000, 2048) if along_k else (2048, 1000), 54)).cast(dtype).realize()
+        out = g @ w.T if along_k else g @ w
+        item = [i for i in schedule([out.lazy]) if isinstance(i, KernelItem)][-1]
+        kernel = lower.to_ir(item.ast, "cuda", 1024, {"cc": (9, 0), "subgroup": 32})
+        return kernel.meta.get("template", "")
+
+    assert template(ag.bfloat16, False).startswith("gemm 16x64x16 tiles")
+    assert template(ag.float16, False).startswith("gemm 16x64x16 tiles")
+    assert template(ag.bfloat16, True).startswith("tensor-core rows")
+    assert template(ag.float32, True).startswith("gemm 16x64x16 tiles")
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["rows", "columns"])
+def test_tf32_staged_tiles_of_64_along_a_narrow_side(device: str, transposed: bool) -> None:
+    """tf32 products whose operand the tensor cores cannot copy as 16-byte runs (rows that start
+    at no multiple of 16 bytes), staged through registers, with a side of 64 (a convolution of
+    64 channels whose windows are too large to write out): tiles 64 wide along it and 256 along
+    the other on CUDA from sm_80, in either orientation; exact float32 elsewhere. Against
+    PyTorch in float64."""
+    big, b = _rand((16390, 99), 55), _rand((96, 64), 56)
+    x, y = ag.tensor(big, device=device)[:, 1:97], ag.tensor(b, device=device)
+    ag.set_float32_matmul_precision("high")
+    try:
+        out = (y.T @ x.T) if transposed else (x @ y)
+        shape = "64x256x8" if transposed else "256x64x8"
+        assert (f"tensor cores (tf32), {shape} tiles" in _template(out)) == \
+            _pipelined_here(device), _template(out)
+        got = out.numpy().astype(np.float64)
+    finally:
+        ag.set_float32_matmul_precision("highest")
+    want = torch.from_numpy(big[:, 1:97]).double() @ torch.from_numpy(b).double()
+    want = (want.T if transposed else want).numpy()
+    assert np.abs(got - want).max() <= 4e-3 * float(np.abs(want).max())
+
 def test_tensor_core_rows_kernel_renders() -> None:
     """The tensor-core rows kernel as CUDA renders it (checked here without a GPU; the GPU check
     runs it): the raw words of the rows (scaled rows, computed by a kernel of their own) and of

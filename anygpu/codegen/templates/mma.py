@@ -85,15 +85,33 @@ def choose(c: Contraction, dialect: str, features: dict, max_local: int) -> MmaO
             if shared_bytes(candidate, operands, dtype) <= features.get("max_shared", 48 * 1024):
                 opts = candidate
                 break
-    elif tf32 and m * n >= 1 << 20:
+    elif tf32 and math.prod(d[1] for d in c.batch) * m * n >= 1 << 20:
         # computed operands (a convolution's padded windows): staged through registers, on
         # 128x128 tiles; with fewer tiles the SIMT template's 64x64 ones do better (a 3x3
-        # convolution of 512 channels at 7x7, batch 16: 0.378 ms here, 0.254 there)
-        opts = MmaOptions(block_k=8, tf32=True)
+        # convolution of 512 channels at 7x7, batch 16: 0.378 ms here, 0.254 there). A side
+        # of 64 or fewer (VGG-16's 64-channel layers at 224 x 224, whose windows are too large
+        # to write out) takes tiles of 64 along it, as many as fit the other side best of 128
+        # and 256 (on 128 x 128 tiles half of each was nothing: 28 TFLOP/s on an H100); a
+        # batch of such products (the layer's weight gradient in partial sums, 32 x 64 x 576)
+        # counts all its outputs (on the SIMT template's tiles it ran at 15 TFLOP/s)
+        opts = _narrow_staged(m, n) or MmaOptions(block_k=8, tf32=True)
     # float16 and bfloat16 operands that are computed (a convolution's padded windows) are left
     # to the SIMT template: staged through registers here they ran at 11.7 TFLOP/s on an H100
     # (4096^3), below its 20 (77% of the cycles waited on the staging loads)
     return opts if opts is not None and opts.threads <= max_local else None
+
+
+def _narrow_staged(m: int, n: int) -> MmaOptions | None:
+    """Register-staged tf32 tiles 64 wide along a side of 64 or fewer (None where neither
+    side is), 256 or 128 along the other (whichever leaves less of the last tile empty), on 8
+    warps: 2 along the narrow side, 4 along the long one (each 32 x 64, or 32 x 32)."""
+    if min(m, n) > 64:
+        return None
+    long = max(m, n)
+    width = min((256, 128), key=lambda b: -(-long // b) * b)
+    if m <= 64:
+        return MmaOptions(64, width, 8, 2, 4, tf32=True)
+    return MmaOptions(width, 64, 8, 4, 2, tf32=True)
 
 
 def _wgmma_options(block_m: int, block_n: int, stages: int) -> MmaOptions:
@@ -165,8 +183,10 @@ def candidates(c: Contraction, dialect: str, features: dict, max_local: int,
                                                                              48 * 1024):
                         out.append(o)
     elif tf32:  # computed operands: staged through registers
-        for o in (MmaOptions(block_k=8, tf32=True), MmaOptions(block_k=16, tf32=True),
-                  MmaOptions(64, 64, 8, 2, 2, tf32=True), MmaOptions(64, 64, 16, 2, 2, tf32=True)):
+        shapes = [(128, 128, 8, 2, 4), (128, 128, 16, 2, 4), (64, 64, 8, 2, 2), (64, 64, 16, 2, 2),
+                  (64, 256, 8, 2, 4), (256, 64, 8, 4, 2), (64, 128, 8, 2, 4), (128, 64, 8, 4, 2),
+                  (64, 128, 16, 2, 2), (128, 64, 16, 2, 2)]
+        for o in [MmaOptions(*shape, tf32=True) for shape in shapes]:
             if o not in out and o.threads <= max_local:
                 out.append(o)
     return out
