@@ -183,10 +183,10 @@ def candidates(c: Contraction, dialect: str, features: dict, max_local: int,
                                                                              48 * 1024):
                         out.append(o)
     elif tf32:  # computed operands: staged through registers
-        shapes = [(128, 128, 8, 2, 4), (128, 128, 16, 2, 4), (64, 64, 8, 2, 2), (64, 64, 16, 2, 2),
+        staged = [(128, 128, 8, 2, 4), (128, 128, 16, 2, 4), (64, 64, 8, 2, 2), (64, 64, 16, 2, 2),
                   (64, 256, 8, 2, 4), (256, 64, 8, 4, 2), (64, 128, 8, 2, 4), (128, 64, 8, 4, 2),
                   (64, 128, 16, 2, 2), (128, 64, 16, 2, 2)]
-        for o in [MmaOptions(*shape, tf32=True) for shape in shapes]:
+        for o in [MmaOptions(*shape, tf32=True) for shape in staged]:
             if o not in out and o.threads <= max_local:
                 out.append(o)
     return out
