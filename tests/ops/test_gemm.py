@@ -351,8 +351,10 @@ def test_16_bit_batch_of_rows_against_weights_along_columns(device: str, dtype: 
     assert on_cpu or _template(got).startswith("gemm 16x64x16 tiles")
     pg, pw = (torch.from_numpy(v).to(TORCH[dtype]) for v in (g, w))
     _check(got, (pg.float() @ pw.float()), dtype)
-    x = ag.tensor(_rand((16, 1040), 52), device=device).cast(dtype)
-    assert ("tensor-core rows" in _template(x @ tw.T)) == _pipelined_here(device)
+    # (a forward product sums a multiple of 32 elements, as the rows template reads them)
+    x, w2 = (ag.tensor(_rand(shape, seed), device=device).cast(dtype)
+             for shape, seed in (((16, 1056), 52), ((512, 1056), 59)))
+    assert ("tensor-core rows" in _template(x @ w2.T)) == _pipelined_here(device)
 
 
 def test_16_bit_rows_tiles_render() -> None:
@@ -374,27 +376,70 @@ def test_16_bit_rows_tiles_render() -> None:
     assert template(ag.float32, True).startswith("gemm 16x64x16 tiles")
 
 
-@pytest.mark.parametrize("transposed", [False, True], ids=["rows", "columns"])
-def test_tf32_staged_tiles_of_64_along_a_narrow_side(device: str, transposed: bool) -> None:
-    """tf32 products whose operand the tensor cores cannot copy as 16-byte runs (rows that start
-    at no multiple of 16 bytes), staged through registers, with a side of 64 (a convolution of
-    64 channels whose windows are too large to write out): tiles 64 wide along it and 256 along
-    the other on CUDA from sm_80, in either orientation; exact float32 elsewhere. Against
-    PyTorch in float64."""
-    big, b = _rand((16390, 99), 55), _rand((96, 64), 56)
-    x, y = ag.tensor(big, device=device)[:, 1:97], ag.tensor(b, device=device)
+def _tf32_convolution_step(device: str) -> tuple[list, list]:
+    """A 64-channel convolution's training step in tf32 with its windows left where they lie
+    (``ANYGPU_CONV_UNFOLD=0``, as for windows over 1 GiB): (the kernels it ran, [output,
+    input gradient, weight gradient] each as (anygpu's, PyTorch's in float64))."""
+    from anygpu import config
+    from anygpu.graph import schedule as sched
+
+    xs, ws = _rand((4, 64, 64, 64), 57), _rand((64, 64, 3, 3), 58) * 0.05
+    ran: list[KernelItem] = []
+    real = sched._run_kernel
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ANYGPU_CONV_UNFOLD", "0")
+    mp.setattr(sched, "_run_kernel", lambda item: (ran.append(item), real(item)))
+    config.reload()
     ag.set_float32_matmul_precision("high")
     try:
-        out = (y.T @ x.T) if transposed else (x @ y)
-        shape = "64x256x8" if transposed else "256x64x8"
-        assert (f"tensor cores (tf32), {shape} tiles" in _template(out)) == \
-            _pipelined_here(device), _template(out)
-        got = out.numpy().astype(np.float64)
+        x = ag.tensor(xs, device=device).requires_grad_()
+        w = ag.tensor(ws, device=device).requires_grad_()
+        out = F.conv2d(x, w, padding=1)
+        (out ** 2).sum().backward()
+        got = [out.numpy(), x.grad.numpy(), w.grad.numpy()]  # type: ignore[union-attr]
     finally:
         ag.set_float32_matmul_precision("highest")
-    want = torch.from_numpy(big[:, 1:97]).double() @ torch.from_numpy(b).double()
-    want = (want.T if transposed else want).numpy()
-    assert np.abs(got - want).max() <= 4e-3 * float(np.abs(want).max())
+        mp.undo()
+        config.reload()
+    tx, tw = (torch.from_numpy(v).double().requires_grad_() for v in (xs, ws))
+    want = torch.nn.functional.conv2d(tx, tw, padding=1)
+    (want ** 2).sum().backward()
+    refs = [want.detach().numpy(), tx.grad.numpy(), tw.grad.numpy()]  # type: ignore[union-attr]
+    return ran, list(zip(got, refs))
+
+
+def test_tf32_staged_tiles_of_64_along_a_narrow_side(device: str) -> None:
+    """A tf32 convolution of 64 channels whose windows are not written out (VGG-16's at 224 x
+    224, over 1 GiB): on CUDA from sm_80 its forward product, its input gradient's and its
+    weight gradient's partial products (a batch of 64 x 576) are staged through registers on
+    64 x 64 tiles; exact float32 elsewhere. Against PyTorch in float64."""
+    ran, pairs = _tf32_convolution_step(device)
+    for got, want in pairs:
+        assert np.abs(got - want).max() <= 4e-3 * float(np.abs(want).max())
+    if _pipelined_here(device):
+        dev = get_device(device)
+        features = {"cc": dev.info.extra.get("cc", (0, 0)), "tf32": True,
+                    "max_shared": dev.info.extra.get("max_shared", 48 * 1024)}
+        templates = [lower.to_ir(k.ast, dev.dialect, dev.info.max_local_size,
+                                 features).meta.get("template", "") for k in ran]
+        staged = [t for t in templates if "64x64x8 tiles, 2x2 warps, register staging" in t]
+        assert len(staged) == 3, templates
+
+
+def test_tf32_staged_narrow_tiles_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same step scheduled as for an H100 (checked without a GPU): the forward product and
+    the weight gradient's partial products on the register-staged 64 x 64 tf32 tiles. (The
+    processor's graph takes the input gradient as the windows' gradient, 16,384 x 576, a
+    product with no narrow side.)"""
+    kernels = _as_on_hopper(monkeypatch)
+    _, pairs = _tf32_convolution_step("cpu")
+    features = dict(HOPPER, tf32=True)
+    templates = [lower.to_ir(k.ast, "cuda", 1024, features).meta.get("template", "")
+                 for k in kernels]
+    staged = [t for t in templates if "64x64x8 tiles, 2x2 warps, register staging" in t]
+    assert len(staged) == 2, templates
+    for got, want in pairs:
+        assert np.abs(got - want).max() <= 4e-3 * float(np.abs(want).max())
 
 def test_tensor_core_rows_kernel_renders() -> None:
     """The tensor-core rows kernel as CUDA renders it (checked here without a GPU; the GPU check

@@ -90,10 +90,10 @@ def choose(c: Contraction, dialect: str, features: dict, max_local: int) -> MmaO
         # 128x128 tiles; with fewer tiles the SIMT template's 64x64 ones do better (a 3x3
         # convolution of 512 channels at 7x7, batch 16: 0.378 ms here, 0.254 there). A side
         # of 64 or fewer (VGG-16's 64-channel layers at 224 x 224, whose windows are too large
-        # to write out) takes tiles of 64 along it, as many as fit the other side best of 128
-        # and 256 (on 128 x 128 tiles half of each was nothing: 28 TFLOP/s on an H100); a
-        # batch of such products (the layer's weight gradient in partial sums, 32 x 64 x 576)
-        # counts all its outputs (on the SIMT template's tiles it ran at 15 TFLOP/s)
+        # to write out) takes 64 x 64 tiles (on 128 x 128 ones half of each was nothing: 28
+        # TFLOP/s on an H100); a batch of such products (the layer's weight gradient in
+        # partial sums, 32 x 64 x 576) counts all its outputs (on the SIMT template's tiles it
+        # ran at 15 TFLOP/s, on staged 64 x 128 ones at 20)
         opts = _narrow_staged(m, n) or MmaOptions(block_k=8, tf32=True)
     # float16 and bfloat16 operands that are computed (a convolution's padded windows) are left
     # to the SIMT template: staged through registers here they ran at 11.7 TFLOP/s on an H100
@@ -102,16 +102,11 @@ def choose(c: Contraction, dialect: str, features: dict, max_local: int) -> MmaO
 
 
 def _narrow_staged(m: int, n: int) -> MmaOptions | None:
-    """Register-staged tf32 tiles 64 wide along a side of 64 or fewer (None where neither
-    side is), 256 or 128 along the other (whichever leaves less of the last tile empty), on 8
-    warps: 2 along the narrow side, 4 along the long one (each 32 x 64, or 32 x 32)."""
-    if min(m, n) > 64:
-        return None
-    long = max(m, n)
-    width = min((256, 128), key=lambda b: -(-long // b) * b)
-    if m <= 64:
-        return MmaOptions(64, width, 8, 2, 4, tf32=True)
-    return MmaOptions(width, 64, 8, 4, 2, tf32=True)
+    """Register-staged tf32 tiles for a product with a side of 64 or fewer (None where neither
+    side is): 64 x 64 on 4 warps, the tuner's choice for VGG-16's 64-channel convolution at 224
+    x 224 on an H100 (1.16 ms as the tuner timed it, 1.67 on 256 x 64 tiles of 8 warps; 128 x
+    128 tiles averaged 2.08 ms over its forward product and input gradient in a step)."""
+    return MmaOptions(64, 64, 8, 2, 2, tf32=True) if min(m, n) <= 64 else None
 
 
 def _wgmma_options(block_m: int, block_n: int, stages: int) -> MmaOptions:
