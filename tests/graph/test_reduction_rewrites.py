@@ -16,6 +16,7 @@ import anygpu as ag
 from anygpu.nn import functional as F
 from anygpu.graph import schedule as sched
 from anygpu.graph.schedule import KernelItem, schedule
+from anygpu.nn.convolution import unfold2d
 from anygpu.runtime.registry import get_device
 
 
@@ -180,7 +181,6 @@ def test_a_product_of_few_outputs_splits_into_short_partial_sums(device: str) ->
                     ag.tensor(_rand((4000, 512), 13), device=device)) == 1
 
 
-
 def test_a_first_layers_weight_gradient_splits_into_more_partial_sums(device: str) -> None:
     """A convolution's weight gradient with a single work-group's outputs (a first layer of 3
     channels: 16 x 27 outputs over 4 x 128 x 64 products each) splits into more partial sums
@@ -191,8 +191,6 @@ def test_a_first_layers_weight_gradient_splits_into_more_partial_sums(device: st
     w = ag.tensor(ws, device=device).requires_grad_()
     F.conv2d(x, w, padding=1).square().sum().backward()
     assert w.grad is not None
-    from anygpu.nn.convolution import unfold2d
-
     # the weight gradient's sum over the batch and pixels, as the gradient rule builds it
     g = ag.tensor(_rand((4, 16, 128, 64), 18), device=device)
     windows = unfold2d(x.pad([1, 1, 1, 1]), (3, 3), (1, 1), (1, 1))  # N C H W KH KW
@@ -208,6 +206,7 @@ def test_a_first_layers_weight_gradient_splits_into_more_partial_sums(device: st
     torch.nn.functional.conv2d(xt, wt, padding=1).square().sum().backward()
     np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=2e-4,
                                atol=2e-4 * float(wt.grad.abs().max()))
+
 
 def test_a_weight_gradient_reads_batch_norms_gradient_stored(
         device: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -334,7 +334,6 @@ def test_float32_batch_of_rows_takes_tiles(device: str, rows: int, k: int, cols:
         _check(got, want, F32)
 
 
-
 @pytest.mark.parametrize("dtype", [ag.float16, ag.bfloat16])
 def test_16_bit_batch_of_rows_against_weights_along_columns(device: str, dtype: ag.DType) -> None:
     """A 16-bit linear layer's input gradient at a batch of 16 (``g @ w``, the weights running
@@ -440,6 +439,7 @@ def test_tf32_staged_narrow_tiles_chosen(monkeypatch: pytest.MonkeyPatch) -> Non
     assert len(staged) == 2, templates
     for got, want in pairs:
         assert np.abs(got - want).max() <= 4e-3 * float(np.abs(want).max())
+
 
 def test_tensor_core_rows_kernel_renders() -> None:
     """The tensor-core rows kernel as CUDA renders it (checked here without a GPU; the GPU check
