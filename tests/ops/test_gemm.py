@@ -359,10 +359,10 @@ def test_16_bit_batch_of_rows_against_weights_along_columns(device: str, dtype: 
 def test_16_bit_rows_tiles_render() -> None:
     """Checked without a GPU (the GPU check runs them): a 16-bit product of 16 rows whose long
     side's operand runs along its columns takes the SIMT tiles of 16 rows on CUDA; along k (a
-    linear layer's forward product) the tensor cores' rows template; float32 the tiles
-    either way."""
-    def template(dtype: ag.DType, along_k: bool) -> str:
-        g = ag.tensor(_rand((16, 2048), 53)).cast(dtype).realize()
+    linear layer's forward product) the tensor cores' rows template, and at 24 rows (more than
+    that template takes) the generic reduction still; float32 the tiles either way."""
+    def template(dtype: ag.DType, along_k: bool, rows: int = 16) -> str:
+        g = ag.tensor(_rand((rows, 2048), 53)).cast(dtype).realize()
         w = ag.tensor(_rand((1000, 2048) if along_k else (2048, 1000), 54)).cast(dtype).realize()
         out = g @ w.T if along_k else g @ w
         item = [i for i in schedule([out.lazy]) if isinstance(i, KernelItem)][-1]
@@ -372,6 +372,8 @@ def test_16_bit_rows_tiles_render() -> None:
     assert template(ag.bfloat16, False).startswith("gemm 16x64x16 tiles")
     assert template(ag.float16, False).startswith("gemm 16x64x16 tiles")
     assert template(ag.bfloat16, True).startswith("tensor-core rows")
+    assert template(ag.bfloat16, True, 24) == ""
+    assert template(ag.bfloat16, False, 24).startswith("gemm 16x64x16 tiles")
     assert template(ag.float32, True).startswith("gemm 16x64x16 tiles")
 
 

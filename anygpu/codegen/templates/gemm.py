@@ -243,16 +243,16 @@ def _tiles_for(c: Contraction, max_local: int, units: int) -> GemmOptions | None
         return thin if thin.threads <= max_local else None
     if FEW_ROWS <= min(m, n) < 32 and max(m, n) >= 32 and c.flops >= 1 << 23 and (
             all(ld.dtype == float32 for ld in loads(c.x) + loads(c.y)) or
-            not _rows_template_takes(c)):
+            not _weights_along_k(c)):
         # a linear layer of a batch of 16 to 31 rows: one tile of 16 rows (a thread 4 x 4 of
         # them) against 64 columns, k in 4 slices, so that each weight is read once; the
         # generic reduction read the weights once per row (AlexNet's first classifier layer,
-        # 16 x 9216 x 4096, 3.5 ms on an H200). In 16 bits, where the long side's operand runs
-        # along k, the tensor cores' rows template (``mma_rows``) reads it instead; not along
-        # k (VGG-16's first classifier layer's input gradient under bf16 autocast, 16 x 25,088
-        # over 4,096, and its first convolution's weight gradient, 64 x 27 over 802,816),
-        # these tiles: the generic reduction ran them at 163 and 117 GB/s on an H100, 1.26
-        # and 0.92 ms a step
+        # 16 x 9216 x 4096, 3.5 ms on an H200). In 16 bits, where the long side is weights
+        # read along k, the tensor cores' rows template (``mma_rows``) reads them instead;
+        # elsewhere (VGG-16's first classifier layer's input gradient under bf16 autocast, 16
+        # x 25,088 over 4,096, and its first convolution's weight gradient, 64 x 27 over
+        # 802,816) these tiles: the generic reduction ran them at 163 and 117 GB/s on an H100,
+        # 1.26 and 0.92 ms a step
         rows = GemmOptions(block_m=16, block_n=64, block_k=16, thread_m=4, thread_n=4,
                            slices=4) if m < n else \
             GemmOptions(block_m=64, block_n=16, block_k=16, thread_m=4, thread_n=4, slices=4)
@@ -323,14 +323,14 @@ def _tiles_for(c: Contraction, max_local: int, units: int) -> GemmOptions | None
     return opts if opts.threads <= max_local else None
 
 
-def _rows_template_takes(c: Contraction) -> bool:
-    """Whether ``mma_rows`` would compute a 16-bit product of few rows on tensor cores: 16 rows
-    or fewer against 256 or more columns whose operand runs along k (a linear layer's weights),
-    summing a multiple of 32 elements (256 or more)."""
+def _weights_along_k(c: Contraction) -> bool:
+    """Whether a product of few rows reads a long side of 256 or more whose operand runs along
+    k (a linear layer's weights in its forward product): 16-bit ones of these stay with the
+    tensor cores' rows template (``mma_rows``, 16 rows or fewer) or the generic reduction that
+    shares a work-group's loads among the rows."""
     k = c.ks[-1][0]
-    long_side = stride(c.x, k) == 1 if c.M >= c.N else stride(c.y, k) == 1
-    return min(c.M, c.N) <= 16 and max(c.M, c.N) >= 256 and long_side and \
-        c.K % 32 == 0 and c.K >= 256
+    along = stride(c.x, k) == 1 if c.M >= c.N else stride(c.y, k) == 1
+    return along and max(c.M, c.N) >= 256
 
 
 # summed elements up to which a product with a side of FEW_ROWS to 31 and another of 64K or more
