@@ -415,8 +415,9 @@ def test_tf32_staged_tiles_of_64_along_a_narrow_side(device: str) -> None:
     weight gradient's partial products (a batch of 64 x 576) are staged through registers on
     64 x 64 tiles; exact float32 elsewhere. Against PyTorch in float64."""
     ran, pairs = _tf32_convolution_step(device)
+    tol = 4e-3 if _pipelined_here(device) else 1e-5  # tf32's 10-bit mantissa, or float32
     for got, want in pairs:
-        assert np.abs(got - want).max() <= 4e-3 * float(np.abs(want).max())
+        assert np.abs(got - want).max() <= tol * float(np.abs(want).max())
     if _pipelined_here(device):
         dev = get_device(device)
         features = {"cc": dev.info.extra.get("cc", (0, 0)), "tf32": True,
@@ -439,8 +440,8 @@ def test_tf32_staged_narrow_tiles_chosen(monkeypatch: pytest.MonkeyPatch) -> Non
                  for k in kernels]
     staged = [t for t in templates if "64x64x8 tiles, 2x2 warps, register staging" in t]
     assert len(staged) == 2, templates
-    for got, want in pairs:
-        assert np.abs(got - want).max() <= 4e-3 * float(np.abs(want).max())
+    for got, want in pairs:  # (computed on the processor, in float32)
+        assert np.abs(got - want).max() <= 1e-5 * float(np.abs(want).max())
 
 
 def test_tensor_core_rows_kernel_renders() -> None:
