@@ -340,20 +340,25 @@ def test_16_bit_batch_of_rows_against_weights_along_columns(device: str, dtype: 
     along the product's columns, not along k, so the tensor cores' rows template does not read
     them): on GPUs the SIMT template's tiles of 16 rows, each weight read once (the generic
     reduction ran VGG-16's at 163 GB/s on an H100); the forward product ``x @ w.T`` stays with
-    the rows template on CUDA from sm_80. Against PyTorch."""
+    the rows template on CUDA from sm_80. Both operands stored in 16 bits, as a model's are (a
+    cast fused into the product reads float32, which the rows template does not). Against
+    PyTorch."""
     if not get_device(device).supports(dtype):
         pytest.skip(f"{dtype.name} is not supported on {device}")
     g, w = _rand((16, 512), 50), _rand((512, 1040), 51) / np.float32(np.sqrt(512))
-    tg, tw = (ag.tensor(v, device=device).cast(dtype) for v in (g, w))
+    tg, tw = (ag.tensor(v, device=device).cast(dtype).realize() for v in (g, w))
     got = tg @ tw
     on_cpu = device.partition(":")[0] == "cpu"
     assert on_cpu or _template(got).startswith("gemm 16x64x16 tiles")
     pg, pw = (torch.from_numpy(v).to(TORCH[dtype]) for v in (g, w))
     _check(got, (pg.float() @ pw.float()), dtype)
     # (a forward product sums a multiple of 32 elements, as the rows template reads them)
-    x, w2 = (ag.tensor(_rand(shape, seed), device=device).cast(dtype)
-             for shape, seed in (((16, 1056), 52), ((512, 1056), 59)))
-    assert ("tensor-core rows" in _template(x @ w2.T)) == _pipelined_here(device)
+    x, w2 = (_rand(shape, seed) for shape, seed in (((16, 1056), 52), ((512, 1056), 59)))
+    tx, tw2 = (ag.tensor(v, device=device).cast(dtype).realize() for v in (x, w2))
+    got = tx @ tw2.T
+    assert ("tensor-core rows" in _template(got)) == _pipelined_here(device)
+    px, pw2 = (torch.from_numpy(v).to(TORCH[dtype]) for v in (x, w2))
+    _check(got, px.float() @ pw2.float().T, dtype)
 
 
 def test_16_bit_rows_tiles_render() -> None:
