@@ -151,7 +151,7 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int, int
             _winograd_wins(x, weight):
         return winograd_3x3(x, weight, bias)
     if (stride, dilation, groups) == ((1, 1), (1, 1), 1) and kh * kw > 1 and \
-            not x.device.startswith("cpu") and is_grad_enabled() and x.requires_grad:
+            _gradient_convolves(x.device) and is_grad_enabled() and x.requires_grad:
         # its data gradient is a convolution itself (``conv2d_grad``), over the unpadded input
         # alone where the padding is this convolution's own
         inside = pads if pads is not None and max(pads[:2]) < kw and max(pads[2:]) < kh \
@@ -163,6 +163,12 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int, int
     if bias is not None:
         out = out + bias.reshape(1, o, 1, 1)
     return out
+
+
+def _gradient_convolves(device: str) -> bool:
+    """Whether a convolution's data gradient on ``device`` is computed as a convolution of the
+    output's gradient (``conv2d_grad``): on GPUs; the processor's BLAS takes the windows'."""
+    return not device.startswith("cpu")
 
 
 def _windows_product(x: Tensor, weight: Tensor, groups: int,
@@ -220,10 +226,18 @@ def conv2d_grad(out: Tensor, parents: tuple[Tensor, ...], arg: object, g: Tensor
                        flipped, None, (1, 1), (1, 1), 1).pad([left, right, top, bottom])
     dw = None
     if weight.requires_grad:
+        from anygpu.graph.schedule import channels_last_windows  # (the graph builds on nn)
         win = unfold2d(x, (kh, kw), (1, 1), (1, 1))
-        win = win.reshape(n, 1, c, oh, ow, kh, kw).permute(0, 1, 3, 4, 2, 5, 6).unsqueeze(2)
-        grad = g.reshape(n, 1, o, oh, ow, 1, 1, 1).expand(n, 1, o, oh, ow, c, kh, kw)
-        dw = (grad * win).sum((0, 3, 4)).reshape(o, c, kh, kw)
+        if channels_last_windows(x.device, x.dtype):
+            # the windows' channels last, where the tensor cores read the padded input stored
+            # with its channels innermost (as the forward product does): no windows written
+            win = win.reshape(n, 1, c, oh, ow, kh, kw).permute(0, 1, 3, 4, 5, 6, 2).unsqueeze(2)
+            grad = g.reshape(n, 1, o, oh, ow, 1, 1, 1).expand(n, 1, o, oh, ow, kh, kw, c)
+            dw = (grad * win).sum((0, 3, 4)).reshape(o, kh, kw, c).permute(0, 3, 1, 2)
+        else:
+            win = win.reshape(n, 1, c, oh, ow, kh, kw).permute(0, 1, 3, 4, 2, 5, 6).unsqueeze(2)
+            grad = g.reshape(n, 1, o, oh, ow, 1, 1, 1).expand(n, 1, o, oh, ow, c, kh, kw)
+            dw = (grad * win).sum((0, 3, 4)).reshape(o, c, kh, kw)
     return dx, dw
 
 

@@ -609,8 +609,8 @@ def _conv_step(device: str, dtype: ag.DType, seed: int) -> tuple[Any, ...]:
 @pytest.mark.parametrize("dtype", [ag.float16, ag.bfloat16])
 def test_16_bit_convolutions_on_tensor_cores(device: str, dtype: ag.DType) -> None:
     """float16 and bfloat16 convolutions, forward and both gradients, against PyTorch: on CUDA
-    their windows are written out and the products run on the pipelined tensor-core templates;
-    elsewhere through the device's own kernels."""
+    the products read the padded inputs stored channels inner on the pipelined tensor-core
+    templates; elsewhere through the device's own kernels."""
     if not get_device(device).supports(dtype):
         pytest.skip(f"{dtype.name} is not supported on {device}")
     x = ag.tensor(_rand((2, 64, 32, 32), 40), device=device).cast(dtype).realize()
@@ -668,6 +668,35 @@ def test_16_bit_convolutions_unfold_for_tensor_cores(monkeypatch: pytest.MonkeyP
     assert shapes.count((1, 1, 64, 3, 3, 2, 32, 32)) == 1, shapes  # the weight gradient's
     assert shapes.count((2, 34, 34, 64)) == 1, shapes  # the padded input, channels inner
     assert shapes.count((1, 1, 1, 1, 64, 3, 3, 64)) == 1, shapes  # the weights, (kh, kw, c)
+
+
+@pytest.mark.parametrize("dtype", [ag.bfloat16, ag.float32])
+def test_convolution_gradients_read_channels_last_inputs(monkeypatch: pytest.MonkeyPatch,
+                                                        dtype: ag.DType) -> None:
+    """Scheduled as for an H100 (checked here without one; the GPU check runs it), with the
+    data gradient a convolution of the output's gradient as on GPUs: in bfloat16 and in tf32,
+    no product's windows are written out. The forward product and the data gradient read
+    their padded inputs (the input, the output's gradient) stored channels inner, and the
+    weight gradient sums over windows ordered (row, column, channel) of its own such copy of
+    the input; all three on the tensor cores' cp.async templates, the numbers PyTorch's."""
+    from anygpu.nn import convolution
+
+    monkeypatch.setattr(convolution, "_gradient_convolves", lambda device: True)
+    from anygpu.graph import schedule as sched
+    monkeypatch.setattr(sched, "get_float32_matmul_precision", lambda: "high")
+    kernels = _as_on_hopper(monkeypatch)
+    out, gx, gw, want, want_gx, want_gw = _conv_step("cpu", dtype, 45)
+    out.realize()
+    for got, ref in ((out, want), (gx, want_gx), (gw, want_gw)):
+        _check(got, ref, ag.bfloat16 if dtype == ag.bfloat16 else ag.float32)
+    features = dict(HOPPER, tf32=dtype == ag.float32)
+    templates = [lower.to_ir(k.ast, "cuda", 1024, features).meta.get("template", "")
+                 for k in kernels]
+    products = [t for t in templates if t.startswith("gemm")]
+    assert len(products) == 3 and all("cp.async" in t for t in products), templates
+    shapes = [k.ast.output.shape for k in kernels]
+    assert (1, 1, 64, 3, 3, 2, 32, 32) not in shapes, shapes  # no windows written out
+    assert shapes.count((2, 34, 34, 64)) == 3, shapes  # the input twice, the gradient once
 
 
 def test_a_convolution_stored_for_the_next_layer_is_not_computed_again(

@@ -75,13 +75,15 @@ def choose(c: Contraction, dialect: str, features: dict, max_local: int) -> MmaO
     opts: MmaOptions | None = None
     if operands is not None:
         # 4096^3 float16 on an H100: 128x128x64 in 3 stages 293 TFLOP/s, 256x128x64 298,
-        # 128x256x32 277; fewer output tiles than SMs take 64x64 tiles
+        # 128x256x32 277; fewer output tiles than SMs take 64x64 tiles, and so does a side of
+        # 64 or fewer (a convolution of 64 channels, whose 128-wide tiles were half nothing:
+        # VGG-16's at 224 x 224 ran at 45 TFLOP/s in tf32 on an H100)
         few = m * n < 128 * 128 * 132
-        block = 64 if few else 128
+        bm, bn = (64 if few or side <= 64 else 128 for side in (m, n))
         # the same bytes per step for float32: half the elements of k
         steps = ((32, 3), (16, 3), (16, 2)) if tf32 else ((64, 3), (32, 3), (32, 2))
         for bk, stages in steps:
-            candidate = MmaOptions(block, block, bk, 2, 2, tf32=tf32, stages=stages)
+            candidate = MmaOptions(bm, bn, bk, 2, 2, tf32=tf32, stages=stages)
             if shared_bytes(candidate, operands, dtype) <= features.get("max_shared", 48 * 1024):
                 opts = candidate
                 break
