@@ -491,8 +491,10 @@ def _unfold_windows(node: Lazy | None) -> None:
     ``_split_reduction`` unfolds before it splits), whose templates take any strides of plain
     buffers. An operand whose reads are linear, its rows and its summed axes each stepping as
     one (on a GPU: its memory running along a group of a multiple of 8), is read where it lies
-    (stored first if it is computed); any other (a window over padding, a strided
-    window, a batch that does not nest with the pixels, axes merged out of order) is written
+    (stored first if it is computed; on a GPU, a window over a padded input whose channels it
+    sums is made such an operand by ``_channels_last_windows``); any other (a window over
+    padding, a strided window, a batch that does not nest with the pixels, axes merged out of
+    order) is written
     out first (im2col, one copy kernel each): axes both operands have, then its own rows and
     the summed axes, in the order that reads the source in runs. Below _UNFOLD_MIN products,
     and for products of fewer axes than a convolution's, only stored memory read out of order

@@ -699,6 +699,29 @@ def test_convolution_gradients_read_channels_last_inputs(monkeypatch: pytest.Mon
     assert shapes.count((2, 34, 34, 64)) == 3, shapes  # the input twice, the gradient once
 
 
+def test_strided_16_bit_convolution_reads_its_input_channels_last(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bfloat16 3x3 convolution of stride 2 (a ResNet's downsampling), scheduled as for an
+    H100: its forward product reads the padded input stored channels inner (strided windows
+    are linear there too); its data gradient, not a convolution at stride 2, keeps the
+    windows' rule. Forward and both gradients against PyTorch."""
+    kernels = _as_on_hopper(monkeypatch)
+    xs, ws, gs = _rand((4, 64, 32, 32), 46), _rand((128, 64, 3, 3), 47) * 0.05, \
+        _rand((4, 128, 16, 16), 48)
+    x = ag.tensor(xs).cast(ag.bfloat16).realize().requires_grad_()
+    w = ag.tensor(ws).cast(ag.bfloat16).realize().requires_grad_()
+    out = ag.nn.functional.conv2d(x, w, stride=2, padding=1)
+    (out.float() * ag.tensor(gs)).sum().backward()
+    out.realize()
+    tx, tw = (torch.from_numpy(v).to(torch.bfloat16).float().requires_grad_() for v in (xs, ws))
+    want = torch.nn.functional.conv2d(tx, tw, stride=2, padding=1)
+    (want * torch.from_numpy(gs)).sum().backward()
+    for got, ref in ((out, want.detach()), (x.grad, tx.grad), (w.grad, tw.grad)):
+        _check(got, ref, ag.bfloat16)
+    shapes = [k.ast.output.shape for k in kernels]
+    assert shapes.count((4, 34, 34, 64)) == 1, shapes
+
+
 def test_a_convolution_stored_for_the_next_layer_is_not_computed_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Two bfloat16 convolutions with a ReLU between, forward and backward scheduled as one
