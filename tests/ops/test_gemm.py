@@ -449,6 +449,30 @@ def test_tf32_staged_narrow_tiles_chosen(monkeypatch: pytest.MonkeyPatch) -> Non
         assert np.abs(got - want).max() <= 1e-5 * float(np.abs(want).max())
 
 
+def test_tf32_warpgroup_kernel_renders() -> None:
+    """Checked without a GPU (the GPU check runs it): a float32 product whose operands both run
+    along k, where products may run as tf32 on Hopper, takes the warpgroup template with
+    wgmma's tf32 shape (k of 8, no transpose: tf32 tiles run along k); one whose weights run
+    along their columns keeps mma.sync's pipelined template."""
+    from anygpu.codegen.render.cstyle import render
+
+    features = dict(HOPPER, tf32=True)
+    a, b = (ag.tensor(_rand(shape, seed)).realize()
+            for shape, seed in (((512, 256), 60), ((384, 256), 61)))
+
+    def lowered(out: ag.Tensor) -> Any:
+        item = [i for i in schedule([out.lazy]) if isinstance(i, KernelItem)][-1]
+        return lower.to_ir(item.ast, "cuda", 1024, features)
+
+    kernel = lowered(a @ b.T)
+    assert kernel.meta["template"].startswith("gemm wgmma tensor cores (tf32)")
+    source = render(kernel, "cuda")
+    assert "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32" in source
+    assert "p, 1, 1;" in source  # scales, and no transpose operands
+    along_columns = lowered(a @ ag.tensor(_rand((256, 384), 62)).realize())
+    assert along_columns.meta["template"].startswith("gemm tensor cores (tf32)")
+
+
 def test_tensor_core_rows_kernel_renders() -> None:
     """The tensor-core rows kernel as CUDA renders it (checked here without a GPU; the GPU check
     runs it): the raw words of the rows (scaled rows, computed by a kernel of their own) and of
