@@ -746,6 +746,41 @@ def test_strided_16_bit_convolution_reads_its_input_channels_last(
     assert shapes.count((4, 34, 34, 64)) == 1, shapes
 
 
+@pytest.mark.parametrize("dtype", [ag.bfloat16, ag.float32])
+def test_first_layer_padded_to_eight_channels(monkeypatch: pytest.MonkeyPatch,
+                                             dtype: ag.DType) -> None:
+    """A first layer's convolution of 3 channels, scheduled as for an H100 in bfloat16 and in
+    tf32 (checked here without one; the GPU check runs it): its input and weight padded with
+    zero channels to 8, its forward product reads the input stored channels inner on the
+    tensor cores' cp.async templates, and the weight's gradient comes back with 3 channels,
+    the numbers PyTorch's."""
+    from anygpu.graph import schedule as sched
+
+    monkeypatch.setattr(sched, "get_float32_matmul_precision", lambda: "high")
+    kernels = _as_on_hopper(monkeypatch)
+    xs, ws, gs = _rand((4, 3, 64, 64), 63), _rand((64, 3, 3, 3), 64), _rand((4, 64, 64, 64), 65)
+    x = ag.tensor(xs).cast(dtype).realize()
+    w = ag.tensor(ws).cast(dtype).realize().requires_grad_()
+    out = ag.nn.functional.conv2d(x, w, padding=1)
+    (out.float() * ag.tensor(gs)).sum().backward()
+    out.realize()
+    tdtype = torch.bfloat16 if dtype == ag.bfloat16 else torch.float32
+    tx = torch.from_numpy(xs).to(tdtype).float()
+    tw = torch.from_numpy(ws).to(tdtype).float().requires_grad_()
+    want = torch.nn.functional.conv2d(tx, tw, padding=1)
+    (want * torch.from_numpy(gs)).sum().backward()
+    assert w.grad.shape == (64, 3, 3, 3)
+    for got, ref in ((out, want.detach()), (w.grad, tw.grad)):
+        _check(got, ref, ag.bfloat16 if dtype == ag.bfloat16 else ag.float32)
+    shapes = [k.ast.output.shape for k in kernels]
+    assert (4, 66, 66, 8) in shapes, shapes
+    forward = [k for k in kernels if k.ast.output.shape == (4, 64, 64, 64) and
+               k.ast.reduce]
+    features = dict(HOPPER, tf32=dtype == ag.float32)
+    template = lower.to_ir(forward[0].ast, "cuda", 1024, features).meta["template"]
+    assert "cp.async" in template, template
+
+
 def test_a_convolution_stored_for_the_next_layer_is_not_computed_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Two bfloat16 convolutions with a ReLU between, forward and backward scheduled as one
