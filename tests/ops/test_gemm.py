@@ -781,6 +781,65 @@ def test_first_layer_padded_to_eight_channels(monkeypatch: pytest.MonkeyPatch,
     assert "cp.async" in template, template
 
 
+@pytest.mark.parametrize("precision", ["bf16", "tf32"])
+def test_a_small_network_trains_as_scheduled_for_hopper(monkeypatch: pytest.MonkeyPatch,
+                                                        precision: str) -> None:
+    """Three Adam steps of a small VGG-like network (3x3 convolutions of 64 and 128 channels,
+    ReLU, max pooling, a linear layer), scheduled as for an H100 with the GPU's rule for data
+    gradients (checked here without one): channels-last inputs for the forward product, data
+    and weight gradients of the layer large enough for the tensor cores, the later steps
+    replaying the first one's plans. Losses and parameters against PyTorch's, under bfloat16
+    autocast or in tf32 (computed exactly here)."""
+    from anygpu.graph import schedule as sched
+    from anygpu.nn import convolution
+
+    monkeypatch.setattr(convolution, "_gradient_convolves", lambda device: True)
+    if precision == "tf32":
+        monkeypatch.setattr(sched, "get_float32_matmul_precision", lambda: "high")
+    kernels = _as_on_hopper(monkeypatch)
+    rng = np.random.default_rng(66)
+    xs = rng.standard_normal((2, 16, 32, 32)).astype(np.float32)
+    ys = rng.integers(0, 10, 2)
+
+    def net(nn: Any) -> Any:
+        return nn.Sequential(nn.Conv2d(16, 64, 3, padding=1), nn.ReLU(),
+                             nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(128 * 8 * 8, 10))
+
+    ours, theirs = net(ag.nn), net(torch.nn)
+    for p, q in zip(ours.parameters(), theirs.parameters()):
+        p.assign(ag.tensor(q.detach().numpy().copy()))
+    opt = ag.optim.Adam(ours.parameters(), lr=1e-3)
+    topt = torch.optim.Adam(theirs.parameters(), lr=1e-3)
+    x, y = ag.tensor(xs), ag.tensor(ys)
+    tx, ty = torch.from_numpy(xs), torch.from_numpy(ys)
+    bf16 = precision == "bf16"
+    from anygpu.graph import plans
+    kept = []
+    for _ in range(3):
+        opt.zero_grad()
+        topt.zero_grad()
+        with ag.autocast("cpu", dtype=ag.bfloat16, enabled=bf16):
+            loss = ag.nn.functional.cross_entropy(ours(x).float(), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            want = torch.nn.functional.cross_entropy(theirs(tx).float(), ty)
+        loss.backward()
+        want.backward()
+        opt.step()
+        topt.step()
+        _check(loss, want.detach(), ag.bfloat16 if bf16 else ag.float32)
+        kept.append(len(plans._plans))
+    assert kept[1:] == kept[:1] * 2  # the later steps replay the first one's plans
+    for p, q in zip(ours.parameters(), theirs.parameters()):
+        _check(p, q.detach(), ag.bfloat16 if bf16 else ag.float32)
+    # the 64-channel layer (large enough to go to the tensor cores): its input for the
+    # forward product and the weight gradient, and the output's gradient for the data
+    # gradient, stored channels-last in each step
+    shapes = [k.ast.output.shape for k in kernels]
+    assert shapes.count((2, 34, 34, 64)) == 9, shapes
+
+
 def test_a_convolution_stored_for_the_next_layer_is_not_computed_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Two bfloat16 convolutions with a ReLU between, forward and backward scheduled as one
