@@ -51,8 +51,10 @@ class Config:
 
     conv_unfold: int = 1
     """Convolutions on GPUs. 0: their products read the input's windows where they lie. 1:
-    16-bit and tf32 ones write their windows out first (im2col), so that the tensor cores copy
-    them as plain buffers. 2: exact float32 ones too, for the SIMT template."""
+    16-bit and tf32 ones are laid out for the tensor cores, which copy only plain buffers: the
+    padded input stored once with its channels innermost (windows summed over the channels),
+    or else the windows written out (im2col). 2: exact float32 ones too, for the SIMT
+    template."""
 
     wgmma: int = 1
     """0: float16 and bfloat16 products on Hopper GPUs use the tensor cores through ``mma.sync``

@@ -414,9 +414,15 @@ def channels_last_windows(device: str, dtype: DType) -> bool:
     """Whether a convolution's padded input on ``device`` in ``dtype`` is stored with its
     channels innermost for the tensor cores (``_channels_last_windows``): the weight gradient
     then sums over windows ordered (row, column, channel) as well (``conv2d_grad``)."""
-    tf32 = dtype == float32 and get_float32_matmul_precision() != "highest"
-    return config.get().conv_unfold >= 1 and (dtype in (float16, bfloat16) or tf32) and \
-        _dialect(device) == "cuda" and \
+    return config.get().conv_unfold >= 1 and _on_tensor_cores(device, dtype)
+
+
+def _on_tensor_cores(device: str, dtype: DType, exact: bool = False) -> bool:
+    """Whether products in ``dtype`` on ``device`` may run on tensor cores: CUDA from compute
+    capability 8.0, 16-bit factors, or float32 ones where products may run as tf32 (``exact``:
+    any float32 ones)."""
+    tf32 = dtype == float32 and (exact or get_float32_matmul_precision() != "highest")
+    return (dtype in (float16, bfloat16) or tf32) and _dialect(device) == "cuda" and \
         get_device(device).info.extra.get("cc", (0, 0)) >= (8, 0)
 
 
@@ -456,11 +462,8 @@ def _sizes_on_tensor_cores(node: Lazy, exact: bool = False) -> tuple[int, int, i
     tensor cores may compute it (CUDA from compute capability 8.0; 16-bit factors, or float32
     ones where products may run as tf32; ``exact``: any float32 ones), else None."""
     product = node.srcs[0]
-    tf32 = product.dtype == float32 and (exact or get_float32_matmul_precision() != "highest")
-    if product.op is not Op.MUL or product.dtype not in (float16, bfloat16) and not tf32 or \
-            any(s.op is not Op.EXPAND for s in product.srcs) or \
-            _dialect(product.device) != "cuda" or \
-            get_device(product.device).info.extra.get("cc", (0, 0)) < (8, 0):
+    if product.op is not Op.MUL or any(s.op is not Op.EXPAND for s in product.srcs) or \
+            not _on_tensor_cores(product.device, product.dtype, exact):
         return None
     summed = set(node.arg)
     own = [{a for a, n in enumerate(side.srcs[0].shape) if n != 1} for side in product.srcs]
@@ -559,13 +562,24 @@ def _unfold_windows(node: Lazy | None) -> None:
             continue
         # a reduction is stored before its copy, not computed again in each reader's copy
         walk.keep = walk.keep or (walk.op in REDUCE and not walk.realized)
-        back = [order.index(a) for a in range(len(order))]
-        packed = view.movement(Op.PERMUTE, order).contiguous().movement(Op.PERMUTE, back)
-        operands[i] = packed.movement(Op.EXPAND, side.arg)
+        operands[i] = _stored_in_order(view, order).movement(Op.EXPAND, side.arg)
     if any(a is not b for a, b in zip(operands, product.srcs)):
-        unfolded = operands[0].alu(Op.MUL, operands[1])
-        node.srcs = (unfolded,)
-        unfolded.consumers.append(weakref.ref(node))
+        _new_product(node, operands)
+
+
+def _stored_in_order(node: Lazy, order: list[int]) -> Lazy:
+    """``node`` stored with its axes laid out in ``order`` (outermost first), seen in its own
+    axes' order."""
+    back = [order.index(a) for a in range(len(order))]
+    return node.movement(Op.PERMUTE, order).contiguous().movement(Op.PERMUTE, back)
+
+
+def _new_product(node: Lazy, operands: Sequence[Lazy]) -> Lazy:
+    """The product of ``operands``, made the source of the sum ``node`` (rewritten in place)."""
+    product = operands[0].alu(Op.MUL, operands[1])
+    node.srcs = (product,)
+    product.consumers.append(weakref.ref(node))
+    return product
 
 
 def _channels_last_windows(node: Lazy) -> Lazy:
@@ -593,9 +607,8 @@ def _channels_last_windows(node: Lazy) -> Lazy:
                 pad.shape[unpadded[-1]] % run:
             continue
         channel = unpadded[-1]
-        order = [a for a in range(len(pad.shape)) if a != channel] + [channel]
-        back = [order.index(a) for a in range(len(order))]
-        view = pad.movement(Op.PERMUTE, order).contiguous().movement(Op.PERMUTE, back)
+        view = _stored_in_order(pad, [a for a in range(len(pad.shape)) if a != channel] +
+                                [channel])
         for above in reversed(chain):
             view = view.movement(above.op, above.arg)
         middle = _middle_strides(view)
@@ -612,12 +625,8 @@ def _channels_last_windows(node: Lazy) -> Lazy:
             # pixels must hold whole 16-byte runs: at 28 x 28 in 16 bits they do not, and its
             # product fell to the SIMT template (VGG-16: 3.1 ms, against 0.13 on tensor cores
             # with the windows written out)
-            operands = [view.movement(Op.EXPAND, side.arg) if j == i else other
-                        for j, other in enumerate(product.srcs)]
-            rewritten = operands[0].alu(Op.MUL, operands[1])
-            node.srcs = (rewritten,)
-            rewritten.consumers.append(weakref.ref(node))
-            return rewritten
+            return _new_product(node, [view.movement(Op.EXPAND, side.arg) if j == i else other
+                                       for j, other in enumerate(product.srcs)])
         if len(inner) != 1:
             continue
         # the channels last among the summed axes (the sum's shape keeps its axes: they are 1)
@@ -628,11 +637,8 @@ def _channels_last_windows(node: Lazy) -> Lazy:
             perm[slot] = axis
         shape = tuple(product.shape[a] for a in perm)
         sides = [view if j == i else other.srcs[0] for j, other in enumerate(product.srcs)]
-        operands = [v.movement(Op.PERMUTE, perm).movement(Op.EXPAND, shape) for v in sides]
-        rewritten = operands[0].alu(Op.MUL, operands[1])
-        node.srcs = (rewritten,)
-        rewritten.consumers.append(weakref.ref(node))
-        return rewritten
+        return _new_product(node, [v.movement(Op.PERMUTE, perm).movement(Op.EXPAND, shape)
+                                   for v in sides])
     return product
 
 

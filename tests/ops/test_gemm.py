@@ -703,10 +703,10 @@ def test_convolution_gradients_read_channels_last_inputs(monkeypatch: pytest.Mon
     their padded inputs (the input, the output's gradient) stored channels inner, and the
     weight gradient sums over windows ordered (row, column, channel) of its own such copy of
     the input; all three on the tensor cores' cp.async templates, the numbers PyTorch's."""
+    from anygpu.graph import schedule as sched
     from anygpu.nn import convolution
 
     monkeypatch.setattr(convolution, "_gradient_convolves", lambda device: True)
-    from anygpu.graph import schedule as sched
     monkeypatch.setattr(sched, "get_float32_matmul_precision", lambda: "high")
     kernels = _as_on_hopper(monkeypatch)
     out, gx, gw, want, want_gx, want_gw = _conv_step("cpu", dtype, 45)
@@ -790,6 +790,7 @@ def test_a_small_network_trains_as_scheduled_for_hopper(monkeypatch: pytest.Monk
     and weight gradients of the layer large enough for the tensor cores, the later steps
     replaying the first one's plans. Losses and parameters against PyTorch's, under bfloat16
     autocast or in tf32 (computed exactly here)."""
+    from anygpu.graph import plans
     from anygpu.graph import schedule as sched
     from anygpu.nn import convolution
 
@@ -815,7 +816,6 @@ def test_a_small_network_trains_as_scheduled_for_hopper(monkeypatch: pytest.Monk
     x, y = ag.tensor(xs), ag.tensor(ys)
     tx, ty = torch.from_numpy(xs), torch.from_numpy(ys)
     bf16 = precision == "bf16"
-    from anygpu.graph import plans
     kept = []
     for _ in range(3):
         opt.zero_grad()
