@@ -365,8 +365,9 @@ class AsyncWait:
 class Wgmma:
     """A warpgroup's (4 consecutive warps') asynchronous matrix multiply-accumulate on Hopper's
     tensor cores (CUDA's ``wgmma.mma_async``, sm_90a): ``acc`` (``n / 2`` float32 variables per
-    thread) += A (64 x 16) @ B (16 x ``n``) of float16 or bfloat16. Both operands are read from
-    local memory, from tiles of lines of 64 elements (128 bytes) swizzled by 128 bytes in atoms
+    thread) += A (64 x 16) @ B (16 x ``n``) of float16 or bfloat16 (64 x 8 and 8 x ``n`` of
+    float32 as tf32). Both operands are read from local memory, from tiles of lines of 128
+    bytes (64 halves, 32 floats) swizzled by 128 bytes in atoms
     of 8 lines (16-byte chunk c of line r stored at chunk c ^ (r % 8); tiles start on
     1024-byte boundaries). A line runs along k, or with ``trans`` along the operand's rows
     (A's m, B's n), the next 64 of them ``lbo`` bytes further. ``a`` and ``b`` give the element

@@ -114,3 +114,31 @@ def test_runs_are_chosen() -> None:
     odd = ag.tensor(host((2049, 33), dt.float32, 6))
     assert not _stores(_kernel(odd * 3, "cuda"))
     assert not _stores(_kernel(x[:4] * 3, "cuda"))
+
+
+@pytest.mark.parametrize("dtype", [dt.float32, dt.float16, dt.bfloat16], ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", [(2, 256, 14, 14), (3, 130, 7, 33)])
+def test_channels_last_copies_go_by_tiles(device: str, dtype: dt.DType,
+                                          shape: tuple[int, ...]) -> None:
+    """A padded NCHW input written channels-last with its bias and ReLU fused (what the tensor
+    cores' convolutions read), and a plain transpose of a batch of matrices: on GPUs through
+    tiles of 32 x 32 in local memory (``lower._tiled_transpose``: each side read or written in
+    neighbouring addresses), at sizes that are no multiple of the tiles; against NumPy."""
+    if not ag.get_device(device).supports(dtype):
+        pytest.skip(f"{dtype.name} is not supported on {device}")
+    rng = np.random.default_rng(sum(shape))
+    xs, bs = rng.standard_normal(shape, np.float32), rng.standard_normal(shape[1], np.float32)
+    x, b = (ag.tensor(v, device=device).cast(dtype).realize() for v in (xs, bs))
+    out = (x + b.reshape(1, -1, 1, 1)).relu().pad([1, 1, 1, 1]).permute(0, 2, 3, 1).contiguous()
+    turned = x.reshape(shape[0], shape[1], -1).permute(0, 2, 1).contiguous()
+    gpu = ag.get_device(device).dialect != "c"
+    for got in (out, turned):
+        kernel = _kernel(got, ag.get_device(device).dialect)
+        assert (kernel.meta.get("template") == "tiled transpose") == gpu
+    xr, br = (v.float().numpy() for v in (x, b))
+    want = np.pad(np.maximum(xr + br.reshape(1, -1, 1, 1), 0),
+                  ((0, 0), (0, 0), (1, 1), (1, 1))).transpose(0, 2, 3, 1)
+    tol = 0 if dtype == dt.float32 else 1e-2
+    np.testing.assert_allclose(out.float().numpy(), want, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(turned.float().numpy(),
+                                  xr.reshape(shape[0], shape[1], -1).transpose(0, 2, 1))

@@ -449,6 +449,30 @@ def test_tf32_staged_narrow_tiles_chosen(monkeypatch: pytest.MonkeyPatch) -> Non
         assert np.abs(got - want).max() <= 1e-5 * float(np.abs(want).max())
 
 
+def test_tf32_warpgroup_kernel_renders() -> None:
+    """Checked without a GPU (the GPU check runs it): a float32 product whose operands both run
+    along k, where products may run as tf32 on Hopper, takes the warpgroup template with
+    wgmma's tf32 shape (k of 8, no transpose: tf32 tiles run along k); one whose weights run
+    along their columns keeps mma.sync's pipelined template."""
+    from anygpu.codegen.render.cstyle import render
+
+    features = dict(HOPPER, tf32=True)
+    a, b = (ag.tensor(_rand(shape, seed)).realize()
+            for shape, seed in (((512, 256), 60), ((384, 256), 61)))
+
+    def lowered(out: ag.Tensor) -> Any:
+        item = [i for i in schedule([out.lazy]) if isinstance(i, KernelItem)][-1]
+        return lower.to_ir(item.ast, "cuda", 1024, features)
+
+    kernel = lowered(a @ b.T)
+    assert kernel.meta["template"].startswith("gemm wgmma tensor cores (tf32)")
+    source = render(kernel, "cuda")
+    assert "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32" in source
+    assert "p, 1, 1;" in source  # scales, and no transpose operands
+    along_columns = lowered(a @ ag.tensor(_rand((256, 384), 62)).realize())
+    assert along_columns.meta["template"].startswith("gemm tensor cores (tf32)")
+
+
 def test_tensor_core_rows_kernel_renders() -> None:
     """The tensor-core rows kernel as CUDA renders it (checked here without a GPU; the GPU check
     runs it): the raw words of the rows (scaled rows, computed by a kernel of their own) and of
@@ -720,6 +744,41 @@ def test_strided_16_bit_convolution_reads_its_input_channels_last(
         _check(got, ref, ag.bfloat16)
     shapes = [k.ast.output.shape for k in kernels]
     assert shapes.count((4, 34, 34, 64)) == 1, shapes
+
+
+@pytest.mark.parametrize("dtype", [ag.bfloat16, ag.float32])
+def test_first_layer_padded_to_eight_channels(monkeypatch: pytest.MonkeyPatch,
+                                             dtype: ag.DType) -> None:
+    """A first layer's convolution of 3 channels, scheduled as for an H100 in bfloat16 and in
+    tf32 (checked here without one; the GPU check runs it): its input and weight padded with
+    zero channels to 8, its forward product reads the input stored channels inner on the
+    tensor cores' cp.async templates, and the weight's gradient comes back with 3 channels,
+    the numbers PyTorch's."""
+    from anygpu.graph import schedule as sched
+
+    monkeypatch.setattr(sched, "get_float32_matmul_precision", lambda: "high")
+    kernels = _as_on_hopper(monkeypatch)
+    xs, ws, gs = _rand((4, 3, 64, 64), 63), _rand((64, 3, 3, 3), 64), _rand((4, 64, 64, 64), 65)
+    x = ag.tensor(xs).cast(dtype).realize()
+    w = ag.tensor(ws).cast(dtype).realize().requires_grad_()
+    out = ag.nn.functional.conv2d(x, w, padding=1)
+    (out.float() * ag.tensor(gs)).sum().backward()
+    out.realize()
+    tdtype = torch.bfloat16 if dtype == ag.bfloat16 else torch.float32
+    tx = torch.from_numpy(xs).to(tdtype).float()
+    tw = torch.from_numpy(ws).to(tdtype).float().requires_grad_()
+    want = torch.nn.functional.conv2d(tx, tw, padding=1)
+    (want * torch.from_numpy(gs)).sum().backward()
+    assert w.grad.shape == (64, 3, 3, 3)
+    for got, ref in ((out, want.detach()), (w.grad, tw.grad)):
+        _check(got, ref, ag.bfloat16 if dtype == ag.bfloat16 else ag.float32)
+    shapes = [k.ast.output.shape for k in kernels]
+    assert (4, 66, 66, 8) in shapes, shapes
+    forward = [k for k in kernels if k.ast.output.shape == (4, 64, 64, 64) and
+               k.ast.reduce]
+    features = dict(HOPPER, tf32=dtype == ag.float32)
+    template = lower.to_ir(forward[0].ast, "cuda", 1024, features).meta["template"]
+    assert "cp.async" in template, template
 
 
 @pytest.mark.parametrize("precision", ["bf16", "tf32"])

@@ -105,17 +105,19 @@ class CUDARenderer(CStyleRenderer):
                 f'{", ".join(regs)});')
 
     def wgmma(self, st: ir.Wgmma) -> str:
-        kind = "bf16" if st.dtype == bfloat16 else "f16"
+        kind = {float16: "f16", bfloat16: "bf16"}.get(st.dtype, "tf32")
         n = len(st.acc)
         accs = ",".join(f"%{i}" for i in range(n))
         ops = ", ".join(f'"+f"({c})' for c in st.acc)
         descs = ", ".join(f'"l"(wgmma_desc(&{buf}[{self.expr(index)}], {lbo >> 4}))'
                           for (buf, index), lbo in zip((st.a, st.b), st.lbo))
-        ta, tb = (int(t) for t in st.trans)
-        # scale-d 1 (accumulate), A and B unscaled, transposed where their lines run along m, n
+        # scale-d 1 (accumulate), A and B unscaled, 16-bit ones transposed where their lines
+        # run along m, n (tf32 tiles run along k: the instruction takes no transpose)
+        k = 32 // st.dtype.itemsize
+        trans = "" if kind == "tf32" else "".join(f", {int(t)}" for t in st.trans)
         return (f'asm volatile("{{.reg .pred p; setp.ne.b32 p, %{n + 2}, 0; '
-                f'wgmma.mma_async.sync.aligned.m64n{st.n}k16.f32.{kind}.{kind} '
-                f'{{{accs}}}, %{n}, %{n + 1}, p, 1, 1, {ta}, {tb};}}" : {ops} : {descs}, '
+                f'wgmma.mma_async.sync.aligned.m64n{st.n}k{k}.f32.{kind}.{kind} '
+                f'{{{accs}}}, %{n}, %{n + 1}, p, 1, 1{trans};}}" : {ops} : {descs}, '
                 f'"r"(1));')
 
     def pack_halves(self, low: str, high: str, dtype: DType) -> str:

@@ -50,7 +50,9 @@ class MmaOptions:
 
     def describe(self) -> str:
         if self.wgmma:
-            return (f"wgmma tensor cores, {self.block_m}x{self.block_n}x{self.block_k} tiles, "
+            kind = " (tf32)" if self.tf32 else ""
+            return (f"wgmma tensor cores{kind}, {self.block_m}x{self.block_n}x{self.block_k} "
+                    f"tiles, "
                     f"{self.warps_m // 4} warpgroups, {self.stages}-stage cp.async")
         kind = "tf32" if self.tf32 else "f16/bf16"
         staging = f"{self.stages}-stage cp.async" if self.stages else "register staging"
@@ -111,9 +113,10 @@ def _narrow_staged(m: int, n: int) -> MmaOptions | None:
     return MmaOptions(64, 64, 8, 2, 2, tf32=True) if min(m, n) <= 64 else None
 
 
-def _wgmma_options(block_m: int, block_n: int, stages: int) -> MmaOptions:
-    return MmaOptions(block_m, block_n, wgmma.ROW, 4 * (block_m // 64) if block_m < 128 else 8,
-                      1, stages=stages, wgmma=True)
+def _wgmma_options(block_m: int, block_n: int, stages: int, dtype: DType) -> MmaOptions:
+    return MmaOptions(block_m, block_n, wgmma.row_elements(dtype),
+                      4 * (block_m // 64) if block_m < 128 else 8, 1, tf32=dtype == float32,
+                      stages=stages, wgmma=True)
 
 
 def _wgmma_choice(c: Contraction, features: dict) -> MmaOptions | None:
@@ -128,7 +131,7 @@ def _wgmma_choice(c: Contraction, features: dict) -> MmaOptions | None:
     block_n = 64 if c.N <= 64 else 128 if -(-c.M // 128) * -(-c.N // 128) * 2 >= units else 64
     for stages in (6, 5, 4, 3):
         if wgmma.shared_bytes(128, block_n, stages) <= features.get("max_shared", 48 * 1024):
-            return _wgmma_options(128, block_n, stages)
+            return _wgmma_options(128, block_n, stages, c.x.dtype)
     return None
 
 
@@ -158,7 +161,7 @@ def candidates(c: Contraction, dialect: str, features: dict, max_local: int,
             # level 1: the deepest ring that fits; level 2: every depth from 3
             rings = [d for d in (6, 5, 4, 3) if wgmma.shared_bytes(bm, bn, d) <= limit]
             for stages in rings if level >= 2 else rings[:1]:
-                o = _wgmma_options(bm, bn, stages)
+                o = _wgmma_options(bm, bn, stages, c.x.dtype)
                 if o not in out and o.threads <= max_local:
                     out.append(o)
     if not eligible(c, dialect, features):

@@ -32,30 +32,40 @@ from typing import Any
 
 from anygpu.codegen import ir
 from anygpu.codegen.templates.gemm import Contraction, Tiling, add, clamped, element_env, mul
-from anygpu.dtype import bfloat16, bool_, float16, float32
+from anygpu.dtype import DType, bfloat16, bool_, float16, float32
 
-ROW = 64  # elements of k per tile row: 128 bytes of 16-bit elements, one swizzle atom's width
-CHUNK = 8  # elements per 16-byte chunk
+ROW_BYTES = 128  # a tile row: one swizzle atom's width
+
+
+def row_elements(dtype: DType) -> int:
+    """Elements of k per tile row (one wgmma k-step of 32 bytes is a quarter of it)."""
+    return ROW_BYTES // dtype.itemsize
 
 
 def eligible(c: Contraction, dialect: str, features: dict) -> bool:
     """Whether the warpgroup template may compute ``c``: CUDA on a device with wgmma (the
     feature "wgmma"), float16 or bfloat16 operands that copy in 16-byte runs (along k or along
-    their rows or columns), and a product of at least one 128-row tile."""
+    their rows or columns), or float32 ones as tf32 where allowed ("tf32") that run along k
+    (wgmma reads tf32 tiles only along k), and a product of at least one 128-row tile."""
     from anygpu.codegen.templates.mma import async_operands
 
-    if dialect != "cuda" or not features.get("wgmma") or c.x.dtype != c.y.dtype or \
-            c.x.dtype not in (float16, bfloat16):
+    if dialect != "cuda" or not features.get("wgmma") or c.x.dtype != c.y.dtype:
         return False
-    return c.M >= 128 and c.N >= 64 and c.K >= ROW and async_operands(c) is not None
+    tf32 = c.x.dtype == float32 and features.get("tf32", False)
+    if c.x.dtype not in (float16, bfloat16) and not tf32:
+        return False
+    operands = async_operands(c)
+    if operands is None or tf32 and any(o.contiguous != "k" for o in operands):
+        return False
+    return c.M >= 128 and c.N >= 64 and c.K >= row_elements(c.x.dtype)
 
 
 def shared_bytes(block_m: int, block_n: int, stages: int) -> int:
-    return stages * (block_m + block_n) * ROW * 2
+    return stages * (block_m + block_n) * ROW_BYTES
 
 
 class Layout:
-    """One operand's tile of ``block`` rows (x's m, or y's n) by ``ROW`` of k in local memory,
+    """One operand's tile of ``block`` rows (x's m, or y's n) by 128 bytes of k in local memory,
     one per stage, in the swizzled layout wgmma reads. An operand contiguous along k
     (``k_rows``; "K-major" in wgmma's terms): line o holds row o's 64 elements of k, chunk c at
     c ^ (o % 8). One contiguous along its rows ("MN-major"): blocks of 64 rows one after
@@ -63,23 +73,25 @@ class Layout:
     line kk at c ^ (kk % 8); the descriptor gives the distance between blocks (its leading
     byte offset) and the instruction transposes."""
 
-    def __init__(self, buf: str, k_rows: bool, block: int):
+    def __init__(self, buf: str, k_rows: bool, block: int, dtype: DType):
         self.buf, self.k_rows, self.block = buf, k_rows, block
-        self.size = block * ROW  # elements per stage
-        self.lbo = 16 if k_rows else 2 * 64 * ROW  # bytes between 64-element blocks
+        self.row, self.chunk = row_elements(dtype), 16 // dtype.itemsize  # elements
+        self.size = block * self.row  # elements per stage
+        self.lbo = 16 if k_rows else 64 * ROW_BYTES  # bytes between 64-element blocks
 
     def chunks(self) -> int:
-        return self.size // CHUNK
+        return self.size // self.chunk
 
     def place(self, ch: ir.Expr, const: Any) -> tuple[ir.Expr, ir.Expr, ir.Expr]:
         """Chunk number ``ch`` of a stage: (its element offset in the stage, its row within
         the block, its element of k within the step)."""
+        ROW, CHUNK = self.row, self.chunk
         per_line = (ROW if self.k_rows else self.block) // CHUNK
         line, part = ir.alu("idiv", ch, const(per_line)), ir.alu("mod", ch, const(per_line))
         if self.k_rows:  # line: the operand's row o; part: a chunk of k
             swz = ir.alu("xor", part, ir.alu("mod", line, const(8)))
             return add(mul(line, ROW), mul(swz, CHUNK)), line, mul(part, CHUNK)
-        # line: an element of k; part: a chunk of rows, in block part / 8
+        # line: an element of k; part: a chunk of rows, in block part / 8 (16-bit only)
         swz = ir.alu("xor", ir.alu("mod", part, const(8)), ir.alu("mod", line, const(8)))
         offset = add(mul(ir.alu("idiv", part, const(8)), 64 * ROW), mul(line, ROW),
                      mul(swz, CHUNK))
@@ -87,11 +99,11 @@ class Layout:
 
     def start(self, stage: ir.Expr, row: ir.Expr, kb: int, const: Any) -> ir.Expr:
         """The element where a product's fragment begins: rows from ``row`` (a multiple of
-        64), k from ``kb`` (a multiple of 16) within the step."""
+        64), k from ``kb`` (a multiple of the instruction's k) within the step."""
         base = mul(stage, self.size)
         if self.k_rows:
-            return add(base, mul(row, ROW), const(kb))
-        return add(base, mul(row, ROW), const(kb * 64))
+            return add(base, mul(row, self.row), const(kb))
+        return add(base, mul(row, self.row), const(kb * 64))
 
 
 def build(ast: Any, c: Contraction, opts: Any, params: list[ir.Param], name: str,
@@ -105,15 +117,18 @@ def build(ast: Any, c: Contraction, opts: Any, params: list[ir.Param], name: str
     groups = opts.warps_m // 4
     WM = BM // groups  # rows per warpgroup: MI products of 64 rows each
     MI = WM // 64
+    dtype = c.x.dtype
+    ROW, CHUNK = row_elements(dtype), 16 // dtype.itemsize
+    KS = 32 // dtype.itemsize  # k per instruction: 16 halves, or 8 floats as tf32
     assert opts.block_k == ROW and opts.warps_n == 1 and WM % 64 == 0 and S >= 3
     assert BN % 64 == 0 and BN <= 256
     operands = async_operands(c)
     assert operands is not None
-    dtype = c.x.dtype
     tiling = Tiling(ast, c, BM, BN, ROW, opts.threads)
     dt, const = tiling.dt, tiling.const
-    lx = Layout("xs", operands[0].contiguous == "k", BM)
-    ly = Layout("ys", operands[1].contiguous == "k", BN)
+    lx = Layout("xs", operands[0].contiguous == "k", BM, dtype)
+    ly = Layout("ys", operands[1].contiguous == "k", BN, dtype)
+    assert dtype != float32 or lx.k_rows and ly.k_rows
 
     lane, warp = ir.var("lane", dt), ir.var("warp", dt)
     accs = [[f"c{i}_{r}" for r in range(BN // 2)] for i in range(MI)]
@@ -157,9 +172,10 @@ def build(ast: Any, c: Contraction, opts: Any, params: list[ir.Param], name: str
         return out
 
     def products(stage: ir.Expr) -> list[ir.Stmt]:
-        """The warpgroup's products over one stage: per 16 of k, one wgmma per 64 rows."""
+        """The warpgroup's products over one stage: per instruction's k, one wgmma per 64
+        rows."""
         out: list[ir.Stmt] = [ir.WgmmaSync("fence")]
-        for kb in range(0, ROW, 16):
+        for kb in range(0, ROW, KS):
             for i in range(MI):
                 a = lx.start(stage, add(mul(wg, WM), const(i * 64)), kb, const)
                 b = ly.start(stage, const(0), kb, const)
