@@ -459,8 +459,7 @@ def _tensor_core_windows(node: Lazy) -> bool:
 
 def _sizes_on_tensor_cores(node: Lazy, exact: bool = False) -> tuple[int, int, int] | None:
     """(rows, columns, summed elements) of the sum of a product ``node`` where the device's
-    tensor cores may compute it (CUDA from compute capability 8.0; 16-bit factors, or float32
-    ones where products may run as tf32; ``exact``: any float32 ones), else None."""
+    tensor cores may compute it (``_on_tensor_cores``), else None."""
     product = node.srcs[0]
     if product.op is not Op.MUL or any(s.op is not Op.EXPAND for s in product.srcs) or \
             not _on_tensor_cores(product.device, product.dtype, exact):
