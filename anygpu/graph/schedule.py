@@ -115,6 +115,9 @@ def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
             _store_shared_work(node, walk, spec.reduction):
         spec = _plan_kernel(node)
         signature, walk, leaves = _signature(node, spec)
+    while _cut_nested_conditions(node, walk):
+        spec = _plan_kernel(node)
+        signature, walk, leaves = _signature(node, spec)
     cached = _ast_cache.get(signature)
     if cached is None:
         cached = disk.load("ast", signature)
@@ -1114,6 +1117,42 @@ def _store_shared_work(root: Lazy, walk: list[Lazy], reduction: Lazy | None) -> 
             at.keep = True
             return True
     return False
+
+
+# Conditions nested in a kernel at most: selections (``where``) and padding, each of which a
+# kernel evaluates by branching around what only one side reads. NVIDIA's compiler (ptxas of
+# CUDA 13.0, driver 580, through both CUDA and OpenCL) computes wrong values where 16 such
+# branches nest and a barrier or warp shuffle follows, while 15 compute right (on an H200; -O0
+# right at every depth): ResNet-101's backward pass at batch 2, 64 x 64, fused the gradient of
+# its 23-block stage under every block's ReLU mask into each block's batch norm gradients, and
+# 50 of 1,024 channels came out wrong. Stored every 8 conditions, such a chain also stops being
+# computed again in each of its readers.
+_NESTED_CONDITIONS = 8
+
+
+def _cut_nested_conditions(root: Lazy, walk: list[Lazy]) -> bool:
+    """Mark ``keep`` a value of the kernel computing ``root`` (``walk``: the nodes its
+    signature walked, sources first) under which _NESTED_CONDITIONS conditions nest, on the
+    path of the most, where more nest in the kernel. Whether one was marked (the kernel is then
+    planned again)."""
+    depth: dict[int, int] = {}
+    for n in walk:
+        if n is not root and is_boundary(n, root):
+            depth[id(n)] = 0
+            continue
+        below = max((depth.get(id(s), 0) for s in n.srcs), default=0)
+        depth[id(n)] = below + (n.op is Op.WHERE or n.op is Op.PAD)
+    if depth[id(root)] <= _NESTED_CONDITIONS:
+        return False
+    at = root
+    while depth[id(at)] > _NESTED_CONDITIONS or at.op in MOVEMENT:
+        at = max(at.srcs, key=lambda s: depth.get(id(s), 0))
+        if id(at) not in depth or is_boundary(at, root):
+            return False
+    if depth[id(at)] == 0:
+        return False
+    at.keep = True
+    return True
 
 
 def _lone_product(node: Lazy) -> bool:
