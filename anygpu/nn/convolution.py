@@ -21,7 +21,7 @@ from anygpu import dtype as dt
 from anygpu.ops.grad import is_grad_enabled
 from anygpu.ops.linalg import get_float32_matmul_precision
 from anygpu.runtime.registry import get_device
-from anygpu.tensor import Tensor, tensor
+from anygpu.tensor import Tensor, stack, tensor
 
 IntPair = Union[int, Sequence[int]]
 
@@ -246,7 +246,10 @@ def conv2d_grad(out: Tensor, parents: tuple[Tensor, ...], arg: object, g: Tensor
     if weight.requires_grad:
         from anygpu.graph.schedule import channels_last_windows  # (the graph builds on nn)
         win = unfold2d(x, (kh, kw), (1, 1), (1, 1))
-        if channels_last_windows(x.device, x.dtype):
+        if channels_last_windows(x.device, x.dtype) and x.dtype == dt.float32 and kw > 1 and \
+                ow % 4 == 0 and kw * x.numel() * 4 <= SHIFTED_MAX:
+            dw = _weight_grad_by_columns(x, g, kh, kw)
+        elif channels_last_windows(x.device, x.dtype):
             # the windows' channels last, where the tensor cores read the padded input stored
             # with its channels innermost (as the forward product does): no windows written
             win = win.reshape(n, 1, c, oh, ow, kh, kw).permute(0, 1, 3, 4, 5, 6, 2).unsqueeze(2)
@@ -257,6 +260,36 @@ def conv2d_grad(out: Tensor, parents: tuple[Tensor, ...], arg: object, g: Tensor
             grad = g.reshape(n, 1, o, oh, ow, 1, 1, 1).expand(n, 1, o, oh, ow, c, kh, kw)
             dw = (grad * win).sum((0, 3, 4)).reshape(o, c, kh, kw)
     return dx, dw
+
+
+# bytes of the column-shifted copies a tf32 weight gradient may store (_weight_grad_by_columns).
+# VGG-16's 64-channel layer at 224 x 224 takes 622 MB at batch 16: with it, the tf32 step on an
+# H200 peaked at 3,403 MiB, over PyTorch's 3,326; without it (this limit), at 3,131 MiB and
+# 14.14 ms (all layers: 14.10; none, the weight gradients on the register-staged template:
+# 16.03; PyTorch 16.48)
+SHIFTED_MAX = 1 << 29
+
+
+def _weight_grad_by_columns(x: Tensor, g: Tensor, kh: int, kw: int) -> Tensor:
+    """The weight gradient of a stride-1 convolution of the padded input ``x`` in tf32, with
+    both operands read along the pixels they sum over, as the warpgroup template reads tf32
+    tiles (its instruction transposes 16-bit tiles only): ``x`` is stored once for each of the
+    kernel's columns, shifted by that column (so each window's row of pixels starts on a
+    16-byte boundary), and the windows over the kernel's rows are views of those copies. Read
+    channels inner (as 16-bit types are), tf32 tiles took the register-staged mma.sync
+    template: VGG-16's 3x3 weight gradients ran at 73-75 TFLOP/s on an H100. Rows of the
+    product are the output's channels, or (channel, row, column) of the input where the output
+    has fewer than 128 channels (a warpgroup's tile)."""
+    n, c, hp, _ = x.shape
+    _, o, oh, ow = g.shape
+    shifted = stack([x[:, :, :, j:j + ow] for j in range(kw)])  # KW N C HP OW
+    win = unfold2d(shifted.reshape(kw * n, c, hp, ow), (kh, 1), (1, 1), (1, 1))
+    win = win.reshape(kw, n, c, oh, ow, kh).permute(2, 5, 0, 1, 3, 4)  # C KH KW N OH OW
+    grad = g.permute(1, 0, 2, 3)  # O N OH OW
+    if o >= 128:
+        return (grad.reshape(o, 1, 1, 1, n, oh, ow) * win.unsqueeze(0)).sum((4, 5, 6))
+    return (win.unsqueeze(3) * grad.reshape(1, 1, 1, o, n, oh, ow)).sum((4, 5, 6)) \
+        .permute(3, 0, 1, 2)
 
 
 WINOGRAD: bool | None = None  # None: where it wins (_winograd_wins); True or False: always, never
