@@ -13,7 +13,8 @@ from anygpu.ops.grad import enable_grad, inference_mode, is_grad_enabled, no_gra
 from anygpu.ops.einsum import einsum
 from anygpu.ops.linalg import cdist, get_float32_matmul_precision, set_float32_matmul_precision
 from anygpu.ops.sorting import bucketize, searchsorted
-from anygpu.runtime.base import DeviceError, OutOfMemoryError, UnsupportedError
+from anygpu.runtime.base import (DeviceError, KernelMismatchError, OutOfMemoryError,
+                                 UnsupportedError)
 from anygpu.runtime.registry import BackendUnavailable, get_device
 from anygpu.tensor import (Tensor, arange, cat, eye, full, full_like, linspace, manual_seed, ones,
                            ones_like, rand, randint, randn, realize, stack, tensor, where, zeros,
@@ -80,7 +81,8 @@ __all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like
            "stack", "realize", "no_grad", "enable_grad", "jit", "DType", "float32", "float16",
            "bfloat16", "int8", "uint8",
            "int32", "int64", "bool_", "float", "half", "long", "int", "bool", "get_device",
-           "DeviceError", "OutOfMemoryError", "UnsupportedError", "BackendUnavailable",
+           "DeviceError", "KernelMismatchError", "OutOfMemoryError", "UnsupportedError",
+           "BackendUnavailable",
            "nn", "optim", "utils", "set_float32_matmul_precision", "get_float32_matmul_precision",
            "save", "load", "__version__", "Generator", "default_generator", "seed",
            "initial_seed", "get_rng_state", "set_rng_state", "randperm", "multinomial",

@@ -60,6 +60,12 @@ class Config:
     """0: float16 and bfloat16 products on Hopper GPUs use the tensor cores through ``mma.sync``
     (as on Ampere) instead of warpgroups (``wgmma``)."""
 
+    check: int = 0
+    """1: every kernel that a device other than the processor runs is run by the processor too,
+    on the same inputs, and an output that differs raises ``KernelMismatchError`` naming the
+    kernel (for a driver or compiler suspected of wrong results; slow). 2: such a kernel warns
+    once and the processor's output is used."""
+
     @property
     def cache_path(self) -> Path:
         return Path(self.cache_dir or _default_cache_dir())

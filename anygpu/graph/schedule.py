@@ -29,7 +29,7 @@ from anygpu.codegen.render.cstyle import render
 from anygpu.codegen.render.wgsl import launch_groups
 from anygpu.dtype import DType, bfloat16, float16, float32
 from anygpu.dtype import int32 as dt_int32
-from anygpu.graph import disk, plans
+from anygpu.graph import check, disk, plans
 from anygpu.graph.lazy import (Lazy, contiguous_run, is_boundary, is_view_of_buffer,
                                pending_readers)
 from anygpu.ops.linalg import get_float32_matmul_precision
@@ -1637,6 +1637,15 @@ def prepare(item: KernelItem, out: Buffer | None = None) -> Launch:
                   kernel.meta.get("flops", 0))
 
 
+def _launch(item: KernelItem, launch: Launch) -> None:
+    """Run ``launch``, the kernel of ``item``; checked against the processor's while kernels
+    are (``anygpu.graph.check``)."""
+    if config.get().check and check.wanted(launch.program.device):
+        check.run(item, launch)
+    else:
+        launch()
+
+
 def _run_kernel(item: KernelItem) -> None:
     launch = prepare(item)
     if config.get().debug >= 1:
@@ -1650,7 +1659,7 @@ def _run_kernel(item: KernelItem) -> None:
               f"(host {host * 1e6:.0f} us)"
               f"{'  [' + launch.template + ']' if launch.template else ''}", file=sys.stderr)
     else:
-        launch()
+        _launch(item, launch)
     _record(launch)
     for node in item.fused:
         node.computed = True
@@ -1826,7 +1835,7 @@ def realize_into(value: Lazy, target: Lazy) -> None:
                                           _writes_in_place(last, ast, k))):
             item = last if k is None else _in_place_item(last, k, value)
             launch = prepare(item, out=target.buffer)
-            launch()
+            _launch(item, launch)
             _record(launch)
             value.set_buffer(target.buffer)
             _aliases.setdefault(id(target.buffer), []).append(weakref.ref(value))
@@ -1892,6 +1901,7 @@ def write_rows(target: Lazy, dim: int, index: Lazy, value: Lazy) -> None:
         if len(_row_writes) > 1024:
             _row_writes.pop(next(iter(_row_writes)))
     written = dataclasses.replace(template, output=target, inputs=[*ast.inputs, index])
-    launch = prepare(KernelItem(written, key), out=target.buffer)
-    launch()
+    item = KernelItem(written, key)
+    launch = prepare(item, out=target.buffer)
+    _launch(item, launch)
     _record(launch)

@@ -57,6 +57,11 @@ class UnsupportedError(DeviceError, TypeError):
     """The device cannot run this (a dtype, an op, a feature); the message says which."""
 
 
+class KernelMismatchError(DeviceError):
+    """A kernel's output on a device differs from the processor's on the same inputs (raised
+    only while kernels are checked: ``ANYGPU_CHECK``)."""
+
+
 @dataclass
 class DeviceInfo:
     name: str  # the product name the driver reports
