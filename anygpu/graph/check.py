@@ -141,8 +141,8 @@ def _differences(got: np.ndarray, want: np.ndarray, tolerance: float,
                  inputs: float = 0.0) -> tuple[np.ndarray, float, float] | None:
     """(the flat indices that differ, the largest difference, the largest value), or None.
     Floats differ by more than ``tolerance`` of the largest finite value (or of ``inputs``, the
-    largest input, where larger), or in where they are NaN or infinite; other types differ at
-    all."""
+    largest input, where larger), or in where they are NaN or infinite (but for values both at
+    the edge of the range); other types differ at all."""
     if not np.issubdtype(want.dtype, np.floating):
         wrong = np.flatnonzero(got != want)
         largest = float(np.abs(got.astype(np.float64) - want).max()) if wrong.size else 0.0
@@ -151,10 +151,15 @@ def _differences(got: np.ndarray, want: np.ndarray, tolerance: float,
     g, w = got.astype(np.float64), want.astype(np.float64)
     finite = np.isfinite(w)
     scale = _largest(w)
+    # both at the edge of the range, one rounded past it (a sum fused into a multiply-add
+    # there, apart elsewhere): not a difference
+    edge = float(np.finfo(want.dtype).max) / 2
     with np.errstate(invalid="ignore"):
         off = np.abs(g - w)
-        wrong = np.flatnonzero(np.where(finite, ~(off <= tolerance * max(scale, inputs)),
-                                        ~((g == w) | (np.isnan(g) & np.isnan(w)))))
+        overflowed = (np.sign(g) == np.sign(w)) & (np.minimum(np.abs(g), np.abs(w)) > edge)
+        wrong = np.flatnonzero(~overflowed & np.where(
+            finite, ~(off <= tolerance * max(scale, inputs)),
+            ~((g == w) | (np.isnan(g) & np.isnan(w)))))
     if not wrong.size:
         return None
     largest = float(np.nanmax(np.where(finite & np.isfinite(g), off, np.inf)[wrong]))
