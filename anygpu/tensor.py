@@ -1330,15 +1330,22 @@ def _int_pow(a: Tensor, b: Tensor, exponent: int | None) -> Tensor:
 
 def _float_pow(a: Tensor, b: Tensor) -> Tensor:
     """a ** b for floats with C's special cases: |a| ** b through exp2 and log2, the sign from an
-    odd integer exponent, NaN for a finite negative base and a non-integer exponent, 1 for
-    1 ** anything, anything ** 0 and (-1) ** +-inf."""
-    mag = (b * a.abs().log2()).exp2()
+    odd integer exponent (a zero's too), NaN for a finite negative base and a non-integer
+    exponent and for NaN operands, 1 for 1 ** anything, anything ** 0 and (-1) ** +-inf."""
+    zero = a.eq(0)
+    # a zero base and NaNs are selected apart: a shader compiler may fuse exp2(b * log2(x)) into
+    # a pow of its own, undefined there (Mesa's gave 0 for 0 ** -1.5 and for NaN ** 2.5)
+    mag = zero._select(b.lt(0)._select(a._const_like(float("inf")), a._const_like(0.0)),
+                       (b * a.abs().log2()).exp2())
     is_int = b.eq(b.trunc())
     odd = is_int.logical_and(b.remainder(2).eq(1))
+    # -0.0 takes the sign of an odd exponent too, as in C: (-0.0) ** -1 is -inf
+    negative = a.lt(0).logical_or(zero.logical_and(a.reciprocal().lt(0)))
     finite_negative = a.lt(0).logical_and(a.ne(float("-inf")))
     nan = a._const_like(float("nan"))
-    out = a.lt(0)._select(odd._select(-mag, finite_negative._select(is_int._select(mag, nan),
-                                                                      mag)), mag)
+    out = negative._select(odd._select(-mag, finite_negative._select(is_int._select(mag, nan),
+                                                                       mag)), mag)
+    out = a.ne(a).logical_or(b.ne(b))._select(nan, out)
     one = a.eq(1).logical_or(b.eq(0)).logical_or(a.eq(-1).logical_and(b.abs().eq(float("inf"))))
     return one._select(a._const_like(1.0), out)
 
