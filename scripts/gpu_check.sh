@@ -3,7 +3,8 @@
 # OpenCL driver) and webgpu (NVIDIA Vulkan), then the benchmarks. Results go to $OUT (default
 # ./gpu-results): devices.txt, tests-<backend>.txt, bench.txt, bench.json, bench-jit.txt,
 # bench-gemm.txt, bench-conv.txt, bench-norm.txt, bench-loops.txt, bench-demo.txt,
-# bench-models-{train,infer}.txt, bench-onnx.txt, onnx-nodes-<backend>.txt, bench-llm.txt
+# bench-models-{train,infer}.txt, bench-onnx.txt, onnx-nodes-<backend>.txt, bench-llm.txt,
+# compilers.txt
 # (the models mode: MODELS, PRECISIONS, MODES, STEPS, BENCH_DEVICES, COMPARE ("torch
 # torch-compile" adds torch.compile's CUDA-graph mode) choose what runs; the llm
 # mode: LLM_CONFIG, LLM_QUANTS, LLM_DEVICES, LLM_ARGS, LLM_COMPARE).
@@ -12,7 +13,7 @@
 # pyopencl and wgpu, installed into /tmp/site; scripts/offline_wheels.sh downloads them) and .gl/
 # (Debian packages of the Vulkan loader).
 #   usage: [BACKENDS="cuda opencl"] [TESTS="tests/ops"] [TESTS_PARALLEL=1] scripts/gpu_check.sh
-#          [tests|bench|models|onnx|llm|all]
+#          [tests|bench|models|onnx|llm|compilers|all]
 #          [pytest args...]
 set -u
 cd "$(dirname "$0")/.."
@@ -57,6 +58,15 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 benchmarks/bench_loops.py --device cuda opencl webgpu --steps 12 2>&1 \
     | tee "$out/bench-loops.txt" || status=1
   python3 benchmarks/bench_demo.py --device cuda 2>&1 | tee "$out/bench-demo.txt" || status=1
+fi
+if [ "$what" = compilers ] || [ "$what" = all ]; then
+  # whether the drivers' compilers compute right: nested conditions on cuda, then a deep
+  # network's backward pass with every kernel checked against the processor's (ANYGPU_CHECK)
+  python3 scripts/nested_conditions.py 2>&1 | tee "$out/compilers.txt" || status=1
+  for device in ${BACKENDS:-cuda opencl webgpu}; do
+    ANYGPU_CHECK=1 timeout "${BENCH_TIMEOUT:-540}" python3 scripts/model_grads.py \
+      --device "$device" --model resnet101 2>&1 | tail -4 | tee -a "$out/compilers.txt" || status=1
+  done
 fi
 if [ "$what" = llm ] || [ "$what" = all ]; then
   # decode and prefill beside transformers, then the other backends on the same GPU
