@@ -141,8 +141,8 @@ def _differences(got: np.ndarray, want: np.ndarray, tolerance: float,
                  inputs: float = 0.0) -> tuple[np.ndarray, float, float] | None:
     """(the flat indices that differ, the largest difference, the largest value), or None.
     Floats differ by more than ``tolerance`` of the largest finite value (or of ``inputs``, the
-    largest input, where larger), or in where they are NaN or infinite (but for values both at
-    the edge of the range); other types differ at all."""
+    largest input, where larger), or in where they are NaN or infinite (but for values both
+    within 2^10 of the range's end); other types differ at all."""
     if not np.issubdtype(want.dtype, np.floating):
         wrong = np.flatnonzero(got != want)
         largest = float(np.abs(got.astype(np.float64) - want).max()) if wrong.size else 0.0
