@@ -422,7 +422,11 @@ class Tensor:
         if scalar and float(exponent) in (0.0, 1.0, 2.0, 3.0):  # type: ignore[arg-type]
             n = int(exponent)  # type: ignore[arg-type]
             # products, whose gradient PyTorch's pow has too: exact, and finite at zero
-            return a * 0 + 1 if n == 0 else a * 1 if n == 1 else a * a if n == 2 else a * a * a
+            if n < 2:
+                return a * 0 + 1 if n == 0 else a * 1
+            # the gradient as PyTorch's pow computes it, g * (n * a ** (n - 1)) (through the
+            # products' own rules, g * a + g * a, it stayed finite where PyTorch's overflows)
+            return a._custom("pow_small", (), n, lambda: a * a if n == 2 else a * a * a)
         if scalar and float(exponent) == 0.5:  # type: ignore[arg-type]
             return a.sqrt()
         return a._custom("pow", (b,), None, lambda: _float_pow(a, b))

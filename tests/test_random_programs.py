@@ -247,6 +247,8 @@ def _mismatch(got: Any, exp: Any, rtol: float, atol: float) -> Any:
     if exp.dtype.is_floating_point:
         g, e = got.double(), exp.double()
         close = ((g - e).abs() <= atol + rtol * e.abs()) | (g == e)
+        # an infinite value matches only itself (rtol * inf had let anything but NaN match it)
+        close = torch.where(e.isinf() | g.isinf(), g == e, close)
         return ~((close & ~(g.isnan() | e.isnan())) | (g.isnan() & e.isnan()))
     return got.long() != exp.long()
 

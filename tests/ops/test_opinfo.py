@@ -1513,6 +1513,8 @@ def _mismatch(got: Any, exp: Any, rtol: float, atol: float) -> Any:
         g, e = got.double(), exp.double()
         with np.errstate(invalid="ignore"):
             close = ((g - e).abs() <= atol + rtol * e.abs()) | (g == e)
+        # an infinite value matches only itself (rtol * inf had let anything but NaN match it)
+        close = torch.where(e.isinf() | g.isinf(), g == e, close)
         close = (close & ~(g.isnan() | e.isnan())) | (g.isnan() & e.isnan())
     else:
         close = got.long() == exp.long()
