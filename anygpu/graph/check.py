@@ -40,11 +40,6 @@ ROUNDED_TOLERANCE = 2e-2
 _warned: set[str] = set()
 
 
-def wanted(device: Device) -> bool:
-    """Whether kernels of ``device`` are checked now."""
-    return bool(config.get().check) and device.backend != "cpu"
-
-
 def run(item: "KernelItem", launch: "Launch") -> None:
     """Run ``launch`` (the kernel of ``item``), then the processor's kernel on the bytes its
     buffers held before it ran (an in-place write reads what it overwrites), and compare."""
