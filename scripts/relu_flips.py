@@ -29,15 +29,21 @@ def capture(model: Any) -> dict[tuple[str, str], Any]:
     projection's output (where it has one), keyed by (block, part)."""
     vals: dict[tuple[str, str], Any] = {}
 
+    def held(t: Any) -> Any:
+        # a copy: torchvision's blocks add the shortcut to bn3's output and apply their ReLU
+        # in place, which would change the kept tensors after the hook
+        return t.clone() if hasattr(t, "clone") else t
+
     def keep(key: tuple[str, str]) -> Any:
-        return lambda mod, args, out: vals.__setitem__(key, out)
+        return lambda mod, args, out: vals.__setitem__(key, held(out))
 
     for name, m in model.named_modules():
         if not hasattr(m, "bn3"):
             continue
         for part in ("bn1", "bn2", "bn3"):
             getattr(m, part).register_forward_hook(keep((name, part)))
-        m.register_forward_pre_hook(lambda mod, args, n=name: vals.__setitem__((n, "in"), args[0]))
+        m.register_forward_pre_hook(
+            lambda mod, args, n=name: vals.__setitem__((n, "in"), held(args[0])))
         if m.downsample is not None:
             m.downsample.register_forward_hook(keep((name, "ds")))
     return vals

@@ -1358,6 +1358,11 @@ KNOWN: dict[str, tuple[str, tuple[str, ...]]] = {
         "uint8 with int8 gives int32 (PyTorch: int16, which anygpu does not offer)",
         ("cpu", "opencl", "webgpu"),
     ),
+    "square-float32": (
+        "g * (2 * x) at x = 3e38: NVIDIA's Vulkan compiler reorders the product (finite where "
+        "PyTorch's 2 * x overflows)",
+        (),
+    ),
     "sin-float32": (
         "sin of huge arguments (1e20, 3e38, integer extremes) is imprecise",
         ("webgpu",),
