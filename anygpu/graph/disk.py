@@ -41,13 +41,31 @@ def code_hash() -> str:
     return _code
 
 
-def _path(kind: str, key: Any) -> Path:
+_folders: tuple[Any, str, dict[str, str]] = (None, "", {})  # configuration, code, folders
+
+
+def _folder(kind: str) -> str:
+    """``<cache>/lowered/<code>/<kind>``, worked out once for each configuration read."""
+    global _folders
+    settings, code = config.get(), code_hash()
+    if _folders[0] is not settings or _folders[1] != code:
+        _folders = (settings, code, {})
+    folder = _folders[2].get(kind)
+    if folder is None:
+        folder = _folders[2][kind] = os.path.join(settings.cache_path, "lowered", code, kind)
+    return folder
+
+
+def _file(kind: str, key: Any) -> str:
     buf = io.BytesIO()
     pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
     pickler.fast = True  # no memo: equal keys pickle alike whichever of their objects are shared
     pickler.dump(key)
-    name = hashlib.sha256(buf.getvalue()).hexdigest()
-    return config.get().cache_path / "lowered" / code_hash() / kind / name
+    return os.path.join(_folder(kind), hashlib.sha256(buf.getvalue()).hexdigest())
+
+
+def _path(kind: str, key: Any) -> Path:
+    return Path(_file(kind, key))
 
 
 def load(kind: str, key: Any) -> Any | None:
@@ -55,7 +73,7 @@ def load(kind: str, key: Any) -> Any | None:
     if not config.get().disk_cache:
         return None
     try:
-        with open(_path(kind, key), "rb") as f:
+        with open(_file(kind, key), "rb") as f:
             kept_key, value = pickle.load(f)
     except Exception:  # noqa: BLE001 (missing, half-written or unreadable: a miss)
         return None

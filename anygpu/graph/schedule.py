@@ -1557,7 +1557,7 @@ def _lower(item: KernelItem, device: Device, features: dict, feature_key: tuple,
         kernel = lower.to_ir(ast, device.dialect, device.info.max_local_size, features)
         source = render(kernel, device.dialect, features)
         if item.signature:
-            disk.save("kernel", key, (kernel, source))
+            disk.save("kernel", key, (_for_launch(kernel), source))
     else:
         kernel, source = kept
     if "options" in kernel.meta:  # a template kernel: a tuned configuration may replace it
@@ -1567,6 +1567,14 @@ def _lower(item: KernelItem, device: Device, features: dict, feature_key: tuple,
     if profiling is not None:
         profiling.lowered(device, kernel.name, lowering)
     return kernel, source
+
+
+def _for_launch(kernel: ir.Kernel) -> ir.Kernel:
+    """What a launch reads of ``kernel`` (its name, sizes and notes; its source compiles): the
+    kernel without its statements, whose expressions were most of the time a warm first step
+    spends reading its kernels back from disk. A template kernel keeps them: the tuner may
+    read them."""
+    return kernel if "options" in kernel.meta else dataclasses.replace(kernel, body=[])
 
 
 def _prebuild(items: Sequence[Item]) -> None:

@@ -47,6 +47,10 @@ def test_a_new_process_reads_the_kernels_lowered_before(
     assert np.isfinite(losses).all() and losses[-1] != losses[0]
     asts, kernels = _entries(cache, "ast"), _entries(cache, "kernel")
     assert len(asts) > 10 and len(kernels) > 10
+    for path in kernels:  # what a launch needs: statements only where the tuner may read them
+        _, (kernel, source) = pickle.loads(path.read_bytes())
+        assert kernel.name in source and kernel.groups >= 1 and kernel.local >= 1
+        assert bool(kernel.body) == ("options" in kernel.meta)
 
     _forget(monkeypatch)
 
