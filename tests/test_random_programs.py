@@ -235,7 +235,7 @@ def _valid_steps(values: list, dev: Any) -> list[tuple]:
             continue
         if (
             out.numel() > 512
-            or FROM_TORCH[out.dtype] not in dt.PUBLIC
+            or out.dtype not in FROM_TORCH  # a dtype anygpu does not offer (int16)
             or not dev.supports(FROM_TORCH[out.dtype])
         ):
             continue

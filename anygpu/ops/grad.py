@@ -344,7 +344,8 @@ RULES: dict[Any, Rule] = {
     Op.CAST: lambda out, ps, arg, g: (g.cast(ps[0].dtype) if ps[0].dtype.is_float else None,),
     Op.ADD: lambda out, ps, arg, g: (g, g),
     Op.MUL: lambda out, ps, arg, g: (g * ps[1], g * ps[0]),
-    Op.DIV: lambda out, ps, arg, g: (g / ps[1], -g * ps[0] / (ps[1] * ps[1])),
+    # PyTorch's order: -g * ((x / y) / y), finite where y * y underflows (x / x at 1e-30)
+    Op.DIV: lambda out, ps, arg, g: (g / ps[1], -g * (out / ps[1])),
     Op.MAX: _max_grad,
     Op.WHERE: _where_grad,
     Op.SUM: lambda out, ps, arg, g: (g.expand(ps[0].shape),),

@@ -1082,6 +1082,9 @@ CASES = [
     case("zero-and-nan-pow", fn(lambda x, y: x**y), I([0.0, -0.0, 0.0, -0.0, -0.0, NAN, NAN], F32),
          I([-1.5, -1.5, -2.0, -3.0, 3.0, 2.5, -1.5], F32)),
     case("zero-pow-neg-1.5", fn(lambda x: x**-1.5), I([0.0, -0.0, NAN], F32)),
+    # the divisor's gradient as -g * ((x / y) / y): y * y underflows at 1e-30
+    case("div-tiny", fn(lambda x, y: x / y), I([1e-30, 2.0, -3e-20], F32),
+         I([1e-30, 1e-25, 7.0], F32), grad=True),
     case("log1p-1e-10", method("log1p"), I([1e-10], F32)),
     case("expm1-1e-10", method("expm1"), I([1e-10], F32)),
     case("std-1e20", method("std"), I([1e20, 2e20, 3e20], F32)),
