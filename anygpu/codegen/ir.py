@@ -15,6 +15,8 @@ Expression ops:
 
 from __future__ import annotations
 
+import math
+
 import weakref
 from dataclasses import dataclass, field
 from collections.abc import Sequence
@@ -125,10 +127,10 @@ def alu(op: str, a: Expr, *rest: "Expr | int | float") -> Expr:
         x, y = srcs[0].arg, srcs[1].arg
         value = x + y if op == "add" else x * y if op == "mul" else x - y
         return const(wrap_int(value, dtype), dtype)
-    if op == "add":
-        if srcs[1].op == "const" and srcs[1].arg == 0:
+    if op == "add":  # x + 0 is x; for floats only x + -0.0 (-0.0 + 0.0 is +0.0)
+        if srcs[1].op == "const" and _additive_identity(srcs[1].arg, dtype):
             return a
-        if a.op == "const" and a.arg == 0:
+        if a.op == "const" and _additive_identity(a.arg, dtype):
             return srcs[1]
     if op == "mul" and not dtype.is_float:
         if srcs[1].op == "const" and srcs[1].arg == 1:
@@ -149,6 +151,12 @@ def alu(op: str, a: Expr, *rest: "Expr | int | float") -> Expr:
     if op == "not" and a.op == "const":
         return const(not a.arg, bool_)
     return Expr(op, dtype, srcs)
+
+
+def _additive_identity(value: Any, dtype: DType) -> bool:
+    if not dtype.is_float:
+        return value == 0
+    return isinstance(value, (int, float)) and value == 0 and math.copysign(1.0, value) < 0
 
 
 def cast(x: Expr, dtype: DType) -> Expr:

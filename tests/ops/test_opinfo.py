@@ -1082,6 +1082,16 @@ CASES = [
     case("zero-and-nan-pow", fn(lambda x, y: x**y), I([0.0, -0.0, 0.0, -0.0, -0.0, NAN, NAN], F32),
          I([-1.5, -1.5, -2.0, -3.0, 3.0, 2.5, -1.5], F32)),
     case("zero-pow-neg-1.5", fn(lambda x: x**-1.5), I([0.0, -0.0, NAN], F32)),
+    # identities that compilers may fold (WGSL lets them assume finite values): NaN where x is
+    # infinite or NaN, and the sign of a zero sum
+    case("self-sub-edges", fn(lambda x: x - x), I([INF, NAN, -INF, 1.5, -0.0], F32)),
+    case("add-neg-self-edges", fn(lambda x: x + (-x)), I([INF, NAN, -INF, 1.5, -0.0], F32)),
+    case("times-one-sub-edges", fn(lambda x: x * 1.0 - x), I([INF, NAN, -INF, 1.5], F32)),
+    case("times-zero-edges", fn(lambda x: (x * 0.0, 0.0 * x, x * -0.0)),
+         I([INF, NAN, -INF, 1.5, -0.0, -2.0], F32)),
+    case("plus-zero-edges", fn(lambda x: (1 / (x + 0.0), 1 / (0.0 + x), 1 / (0.0 - x),
+                                          1 / (x - 0.0))),  # (1 / tells the zeros' signs)
+         I([-0.0, 0.0, INF, NAN, -2.5], F32)),
     # the divisor's gradient as -g * ((x / y) / y): y * y underflows at 1e-30
     case("div-tiny", fn(lambda x, y: x / y), I([1e-30, 2.0, -3e-20], F32),
          I([1e-30, 1e-25, 7.0], F32), grad=True),

@@ -117,6 +117,13 @@ def _folded(e: ir.Expr, memo: dict[int, float | None]) -> float | None:
     return value
 
 
+def _core(e: ir.Expr) -> ir.Expr:
+    """``e`` without factors of one (which a compiler drops before it compares operands)."""
+    while e.op == "mul" and any(s.op == "const" and s.arg == 1 for s in e.srcs):
+        e = e.srcs[0] if e.srcs[1].op == "const" and e.srcs[1].arg == 1 else e.srcs[1]
+    return e
+
+
 class WGSLRenderer(CStyleRenderer):
     dialect = "wgsl"
     barrier = "workgroupBarrier();"
@@ -187,6 +194,10 @@ class WGSLRenderer(CStyleRenderer):
         if folded is not None:  # (a negative value in parentheses, as a leaf's)
             text = self.literal(folded, e.dtype)
             return f"({text})" if text.startswith("-") else text
+        if e.dtype == float32 and e.op in ("add", "sub", "mul"):
+            guarded = self.identity_guard(e)
+            if guarded is not None:
+                return guarded
         if e.op == "max":
             a, b = self.expr(e.srcs[0], True), self.expr(e.srcs[1], True)
             if e.dtype.is_float:  # NaN tested on the bits: compilers may fold a != a away
@@ -220,6 +231,31 @@ class WGSLRenderer(CStyleRenderer):
         if e.op == "not":
             return f"(!{self.expr(e.srcs[0])})"
         return super().render_op(e)
+
+    def identity_guard(self, e: ir.Expr) -> str | None:
+        """``x - x``, ``x + -x``, ``x * 0`` and ``x + 0`` written on the bits. WGSL lets a
+        compiler assume that no value is infinite or NaN, and Mesa's folds them to 0, 0, 0 and
+        x (PyTorch: NaN where x is infinite or NaN, and +0.0 for -0.0 + 0); other expressions
+        it may still reassociate (``x * 2 * 0.5`` to ``x``)."""
+        a, b = e.srcs
+        nan = "bitcast<f32>(0x7fc00000u)"
+        if e.op == "sub" and _core(a) is _core(b) or e.op == "add" and (
+                b.op == "neg" and _core(b.srcs[0]) is _core(a) or
+                a.op == "neg" and _core(a.srcs[0]) is _core(b)):
+            x = self.expr(a if e.op == "sub" or a.op != "neg" else b, True)
+            return f"select(0.0f, {nan}, (bitcast<u32>({x}) & 0x7f800000u) == 0x7f800000u)"
+        zero = b if b.op == "const" and b.arg == 0 else a if a.op == "const" and a.arg == 0 \
+            else None
+        if zero is None:
+            return None
+        x = self.expr(a if zero is b else b, True)
+        if e.op == "mul":  # +-0 with the product's sign, NaN for an infinite or NaN x
+            sign = "0x80000000u" if math.copysign(1.0, float(zero.arg)) < 0 else "0u"
+            return (f"select(bitcast<f32>((bitcast<u32>({x}) & 0x80000000u) ^ {sign}), {nan}, "
+                    f"(bitcast<u32>({x}) & 0x7f800000u) == 0x7f800000u)")
+        if e.op == "add":  # x + 0.0 (the lowering keeps only +0.0): -0.0 becomes +0.0
+            return f"select({x}, 0.0f, bitcast<u32>({x}) == 0x80000000u)"
+        return None
 
     def subgroup_reduce(self, op: str, value: ir.Expr, width: int | None) -> str:
         assert width is None, "WebGPU's subgroups are of the size the device picks"

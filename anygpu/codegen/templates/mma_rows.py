@@ -438,11 +438,11 @@ def build(ast: Any, how: RowsPlan, params: list[ir.Param], name: str) -> ir.Kern
     if shared is not None:
         env[shared] = var("row")
     for s, stage in enumerate(ast.stages):
-        total: ir.Expr = ir.const(0, float32)
-        for other in range(WARPS):
-            total = ir.alu("add", total, ir.load("part", float32,
-                                                 slot(const(other), s, var("fj"), var("fe"),
-                                                      var("fl"))))
+        parts = [ir.load("part", float32, slot(const(other), s, var("fj"), var("fe"), var("fl")))
+                 for other in range(WARPS)]
+        total = parts[0]
+        for p in parts[1:]:
+            total = ir.alu("add", total, p)
         # in float32, unrounded, as the other lowerings hand their accumulators to the epilogue
         store.append(ir.Decl(f"sum{s}", stage.dtype, total))
         env[f"acc{s}"] = ir.var(f"sum{s}", stage.dtype)
