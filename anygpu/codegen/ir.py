@@ -16,7 +16,6 @@ Expression ops:
 from __future__ import annotations
 
 import math
-
 import weakref
 from dataclasses import dataclass, field
 from collections.abc import Sequence
