@@ -4,7 +4,7 @@
 # ./gpu-results): devices.txt, tests-<backend>.txt, bench.txt, bench.json, bench-jit.txt,
 # bench-gemm.txt, bench-conv.txt, bench-norm.txt, bench-loops.txt, bench-demo.txt,
 # bench-models-{train,infer}.txt, bench-onnx.txt, onnx-nodes-<backend>.txt, bench-llm.txt,
-# compilers.txt
+# compilers.txt, fuzz-<backend>.txt
 # (the models mode: MODELS, PRECISIONS, MODES, STEPS, BENCH_DEVICES, COMPARE ("torch
 # torch-compile" adds torch.compile's CUDA-graph mode) choose what runs; the llm
 # mode: LLM_CONFIG, LLM_QUANTS, LLM_DEVICES, LLM_ARGS, LLM_COMPARE).
@@ -13,7 +13,7 @@
 # pyopencl and wgpu, installed into /tmp/site; scripts/offline_wheels.sh downloads them) and .gl/
 # (Debian packages of the Vulkan loader).
 #   usage: [BACKENDS="cuda opencl"] [TESTS="tests/ops"] [TESTS_PARALLEL=1] scripts/gpu_check.sh
-#          [tests|bench|models|onnx|llm|compilers|all]
+#          [tests|bench|models|onnx|llm|compilers|fuzz|all]
 #          [pytest args...]
 set -u
 cd "$(dirname "$0")/.."
@@ -66,6 +66,14 @@ if [ "$what" = compilers ] || [ "$what" = all ]; then
   for device in ${BACKENDS:-cuda opencl webgpu}; do
     ANYGPU_CHECK=1 timeout "${BENCH_TIMEOUT:-540}" python3 scripts/model_grads.py \
       --device "$device" --model resnet101 2>&1 | tail -4 | tee -a "$out/compilers.txt" || status=1
+  done
+fi
+if [ "$what" = fuzz ] || [ "$what" = all ]; then
+  # random programs against PyTorch with fresh examples, on each GPU backend's compilers
+  for device in ${BACKENDS:-cuda opencl webgpu}; do
+    timeout "${BENCH_TIMEOUT:-540}" python3 scripts/fuzz_programs.py --device "$device" \
+      --examples "${FUZZ_EXAMPLES:-300}" --seed "${FUZZ_SEED:-1}" >"$out/fuzz-$device.txt" 2>&1
+    tail -n 1 "$out/fuzz-$device.txt"
   done
 fi
 if [ "$what" = llm ] || [ "$what" = all ]; then
