@@ -238,12 +238,16 @@ class WGSLRenderer(CStyleRenderer):
         x (PyTorch: NaN where x is infinite or NaN, and +0.0 for -0.0 + 0); other expressions
         it may still reassociate (``x * 2 * 0.5`` to ``x``)."""
         a, b = e.srcs
-        nan = "bitcast<f32>(0x7fc00000u)"
+        nan = self.literal(math.nan, float32)
+
+        def not_finite(x: str) -> str:
+            return f"(bitcast<u32>({x}) & 0x7f800000u) == 0x7f800000u"
+
         if e.op == "sub" and _core(a) is _core(b) or e.op == "add" and (
                 b.op == "neg" and _core(b.srcs[0]) is _core(a) or
                 a.op == "neg" and _core(a.srcs[0]) is _core(b)):
             x = self.expr(a if e.op == "sub" or a.op != "neg" else b, True)
-            return f"select(0.0f, {nan}, (bitcast<u32>({x}) & 0x7f800000u) == 0x7f800000u)"
+            return f"select(0.0f, {nan}, {not_finite(x)})"
         zero = b if b.op == "const" and b.arg == 0 else a if a.op == "const" and a.arg == 0 \
             else None
         if zero is None:
@@ -252,7 +256,7 @@ class WGSLRenderer(CStyleRenderer):
         if e.op == "mul":  # +-0 with the product's sign, NaN for an infinite or NaN x
             sign = "0x80000000u" if math.copysign(1.0, float(zero.arg)) < 0 else "0u"
             return (f"select(bitcast<f32>((bitcast<u32>({x}) & 0x80000000u) ^ {sign}), {nan}, "
-                    f"(bitcast<u32>({x}) & 0x7f800000u) == 0x7f800000u)")
+                    f"{not_finite(x)})")
         if e.op == "add":  # x + 0.0 (the lowering keeps only +0.0): -0.0 becomes +0.0
             return f"select({x}, 0.0f, bitcast<u32>({x}) == 0x80000000u)"
         return None
