@@ -4,7 +4,7 @@
 # ./gpu-results): devices.txt, tests-<backend>.txt, bench.txt, bench.json, bench-jit.txt,
 # bench-gemm.txt, bench-conv.txt, bench-norm.txt, bench-loops.txt, bench-demo.txt,
 # bench-models-{train,infer}.txt, bench-onnx.txt, onnx-nodes-<backend>.txt, bench-llm.txt,
-# compilers.txt, fuzz-<backend>.txt
+# compilers.txt, fuzz-<backend>.txt, failures-<backend>.txt (each test failure as it happens)
 # (the models mode: MODELS, PRECISIONS, MODES, STEPS, BENCH_DEVICES, COMPARE ("torch
 # torch-compile" adds torch.compile's CUDA-graph mode) choose what runs; the llm
 # mode: LLM_CONFIG, LLM_QUANTS, LLM_DEVICES, LLM_ARGS, LLM_COMPARE).
@@ -114,7 +114,9 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   if [ -n "${TESTS_PARALLEL:-}" ]; then
     # every backend at once, each in its own pytest (give each a share of the cores with -n)
     for backend in ${BACKENDS:-cuda opencl webgpu}; do
-      ANYGPU_TEST_DEVICES=$backend timeout "${TEST_TIMEOUT:-400}" python3 -m pytest ${TESTS:-tests} \
+      rm -f "$out/failures-$backend.txt"
+      ANYGPU_TEST_FAILURES="$out/failures-$backend.txt" ANYGPU_TEST_DEVICES=$backend \
+        timeout "${TEST_TIMEOUT:-400}" python3 -m pytest ${TESTS:-tests} \
         -q -p no:cacheprovider --durations=15 "$@" >"$out/tests-$backend.txt" 2>&1 &
     done
     wait
@@ -127,13 +129,18 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
         echo "no summary (timed out after ${TEST_TIMEOUT:-400} s or crashed): reached $progress, $failed failed or errored so far"
         status=1
       fi
+      [ -s "$out/failures-$backend.txt" ] && head -n 60 "$out/failures-$backend.txt"
       grep -q -E "[0-9]+ failed" "$out/tests-$backend.txt" && status=1
     done
   else
     for backend in ${BACKENDS:-cuda opencl webgpu}; do
-      ANYGPU_TEST_DEVICES=$backend timeout "${TEST_TIMEOUT:-400}" python3 -m pytest ${TESTS:-tests} \
-        -q -p no:cacheprovider "$@" 2>&1 | tee "$out/tests-$backend.txt" | tail -n 30
+      rm -f "$out/failures-$backend.txt"
+      ANYGPU_TEST_FAILURES="$out/failures-$backend.txt" ANYGPU_TEST_DEVICES=$backend \
+        timeout "${TEST_TIMEOUT:-400}" python3 -m pytest ${TESTS:-tests} \
+        -q -p no:cacheprovider --durations=15 "$@" 2>&1 | tee "$out/tests-$backend.txt" | tail -n 30
       [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      # named as they happened: a run cut off by TEST_TIMEOUT prints no summary
+      [ -s "$out/failures-$backend.txt" ] && head -n 60 "$out/failures-$backend.txt"
     done
   fi
 fi

@@ -89,6 +89,20 @@ def pytest_configure(config: pytest.Config) -> None:
                             "cache (whole training programs); -m 'not slow' leaves them out")
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With ``ANYGPU_TEST_FAILURES`` set to a file, each failure is appended to it as it happens
+    (its test, its phase, its message's first lines), so that a run cut off by a time limit
+    still names what failed. Under xdist only the controlling process writes."""
+    path = os.environ.get("ANYGPU_TEST_FAILURES")
+    if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    lines = report.longreprtext.strip().splitlines()
+    message = [line for line in lines if line.startswith("E ")][:6] or lines[-6:]
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"FAILED {report.nodeid} ({report.when})\n")
+        f.writelines(f"    {line}\n" for line in message)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Tests parametrized over both ``device`` and ``dtype`` skip dtypes the device lacks;
     ``fails_on`` marks become strict xfails on their backend."""
