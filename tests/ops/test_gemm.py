@@ -191,6 +191,27 @@ def test_tensor_core_kernel_renders(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "tensor cores" not in simt and "per thread" in simt  # before sm_80: the SIMT one
 
 
+def test_implicit_convolution_shares_its_tap_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 3x3 convolution as the SIMT template renders it for CUDA (checked without a GPU): a
+    thread stages four elements of the windows' tile and two of the filters' per k-step, all
+    at the same channel and tap, so the channel and tap (k / 3, k / 3 / 3, k % 3) are worked
+    out once per k-step, not once per element (16 divisions by 3 in the kernel before)."""
+    from anygpu.codegen.render.cstyle import render
+    from anygpu.graph import schedule as sched
+
+    x = ag.tensor(_rand((16, 64, 56, 56), 31))
+    w = ag.tensor(_rand((64, 64, 3, 3), 32))
+    monkeypatch.setattr(sched, "_dialect", lambda device: "cuda")
+    items = [i for i in schedule([F.conv2d(x, w, padding=1).lazy]) if isinstance(i, KernelItem)]
+    kernel = lower.to_ir(items[-1].ast, "cuda", 1024, {"cc": (9, 0), "max_shared": 227 * 1024})
+    assert "per thread" in kernel.meta["template"]
+    source = render(kernel, "cuda")
+    loads = source.count("b1[") + source.count("b2[")
+    assert loads >= 8  # several elements of each operand a thread, before and in the loop
+    # the tap's row and the channel (k / 3, then / 3 again) before the loop and in it
+    assert source.count("/ 3)") == 4 and source.count("% 3)") == 4, source
+
+
 def _template(t: ag.Tensor) -> str:
     dev = get_device(t.device)
     features = {"cc": dev.info.extra.get("cc", (0, 0)),

@@ -424,6 +424,19 @@ def clamped(v: ir.Expr, size: int) -> ir.Expr:
     return ir.alu("where", ir.alu("lt", top, v), top, v)
 
 
+def row_and_column(lid: ir.Expr, offset: int, width: int) -> tuple[ir.Expr, ir.Expr]:
+    """Element ``lid + offset`` of rows ``width`` long: (its row, its column). Where the offset
+    is whole rows, the column is the thread's own for every offset, written so that the index
+    arithmetic built on it (an implicit convolution's channel and tap: divisions and
+    remainders) is shared by all of a thread's elements rather than computed for each."""
+    w = ir.const(width, lid.dtype)
+    if offset % width == 0:
+        return add(ir.alu("idiv", lid, w), ir.const(offset // width, lid.dtype)), \
+            ir.alu("mod", lid, w)
+    e = add(lid, ir.const(offset, lid.dtype))
+    return ir.alu("idiv", e, w), ir.alu("mod", e, w)
+
+
 def split(dims: Dims, flat: ir.Expr) -> dict[str, ir.Expr]:
     """Each variable of ``dims`` (row-major, outermost first) from their flattened index."""
     env: dict[str, ir.Expr] = {}
@@ -486,10 +499,8 @@ class Tiling:
         out = []
         for j in range(-(-total // self.threads)):
             e = ir.alu("add", self.lid, const(self.threads * j))
-            if contiguous_k:
-                kk, oo = ir.alu("mod", e, const(BK)), ir.alu("idiv", e, const(BK))
-            else:
-                kk, oo = ir.alu("idiv", e, const(block)), ir.alu("mod", e, const(block))
+            row, along = row_and_column(self.lid, self.threads * j, BK if contiguous_k else block)
+            kk, oo = (along, row) if contiguous_k else (row, along)
             o = ir.alu("add", ir.alu("mul", tile, const(block)), oo)
             kg = ir.alu("add", k_step, kk)
             checks = [ir.alu("lt", o, const(size))] if size % block else []

@@ -29,7 +29,7 @@ from typing import Any
 from anygpu.codegen import ir
 from anygpu.codegen.templates import wgmma
 from anygpu.codegen.templates.gemm import (Contraction, Dims, Tiling, add, clamped,
-                                           element_env, linear_operand, mul)
+                                           element_env, linear_operand, mul, row_and_column)
 from anygpu.dtype import DType, bfloat16, bool_, float16, float32
 
 
@@ -370,8 +370,8 @@ def build_pipelined(ast: Any, c: Contraction, opts: MmaOptions, params: list[ir.
             chunks = lay.rows * per_row
             for j in range(-(-chunks // opts.threads)):
                 ch = add(tiling.lid, const(opts.threads * j))
-                row = ir.alu("idiv", ch, const(per_row))
-                col = mul(ir.alu("mod", ch, const(per_row)), run)
+                row, col = row_and_column(tiling.lid, opts.threads * j, per_row)
+                col = mul(col, run)
                 oo, kk = (row, col) if lay.k_rows else (col, row)
                 o, kg = add(mul(tile, lay.block), oo), add(k0, kk)
                 # an out-of-range run reads nothing, but its address must still be valid and
