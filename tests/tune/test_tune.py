@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
@@ -20,6 +20,7 @@ from anygpu.codegen.render.cstyle import render
 from anygpu.codegen.render.wgsl import launch_groups
 from anygpu.graph import schedule as sched
 from anygpu.nn import functional as F
+from anygpu.nn.convolution import unfold2d
 from anygpu.runtime.registry import get_device
 
 
@@ -45,9 +46,11 @@ def _rand(shape: tuple[int, ...], seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-def _every_candidate(out: ag.Tensor, want: np.ndarray, level: int, rtol: float) -> int:
-    """Run the last kernel of ``out`` in each configuration the tuner may time at ``level`` and
-    compare each result with ``want``; the number of configurations."""
+def _every_candidate(out: ag.Tensor, want: np.ndarray, level: int, rtol: float,
+                     which: Any = None) -> int:
+    """Run the last kernel of ``out`` in each configuration the tuner may time at ``level``
+    (those ``which`` takes, where given) and compare each result with ``want``; the number of
+    configurations."""
     items = sched.schedule([out.lazy])
     sched.run(items[:-1])  # the inputs of the product
     item = items[-1]
@@ -58,6 +61,7 @@ def _every_candidate(out: ag.Tensor, want: np.ndarray, level: int, rtol: float) 
                 "max_shared": dev.info.extra.get("max_shared", 48 * 1024)}
     options = lower.template_options(item.ast, dev.dialect, dev.info.max_local_size, features,
                                      level)
+    options = [o for o in options if which is None or which(o)]
     assert options, "no template configuration for a product this large"
     buffers = [sched.alloc_for(dev, out.numel(), out.dtype)] + \
         [inp.buffer for inp in item.ast.inputs]
@@ -88,6 +92,29 @@ def test_every_configuration_is_correct_conv(device: str) -> None:
     out = F.conv2d(ag.tensor(x_h, device=device), ag.tensor(w_h, device=device), padding=1)
     want = torch.nn.functional.conv2d(torch.from_numpy(x_h), torch.from_numpy(w_h), padding=1)
     _every_candidate(out, want.numpy().astype(np.float64), 1, 1e-4)
+
+
+def test_windows_staged_either_way_are_correct(device: str) -> None:
+    """A 3x3 convolution's windows run in memory along the filter's row and the image's: the
+    tuner's level 2 stages them along each (the forward's windows, then the weight gradient's,
+    whose product sums over the pixels)."""
+    _gpu(device)
+    x_h, w_h = _rand((2, 8, 19, 17), 5), _rand((40, 8, 3, 3), 6)
+    g_h = _rand((2, 40, 19, 17), 7)
+    flipped = lambda o: bool(o.x_along or o.y_along)  # noqa: E731
+    x = ag.tensor(x_h, device=device)
+    out = F.conv2d(x, ag.tensor(w_h, device=device), padding=1)
+    want = torch.nn.functional.conv2d(torch.from_numpy(x_h), torch.from_numpy(w_h), padding=1)
+    assert _every_candidate(out, want.numpy().astype(np.float64), 2, 1e-4, flipped) >= 4
+    # the weight gradient as the windows' product with the output's gradient
+    win = unfold2d(x.pad([1, 1, 1, 1]), (3, 3), (1, 1), (1, 1))  # N C H W KH KW
+    grad = ag.tensor(g_h, device=device)
+    dw = (grad.reshape(2, 40, 1, 19, 17, 1, 1) * win.unsqueeze(1)).sum((0, 3, 4))
+    xt = torch.from_numpy(x_h).requires_grad_()
+    wt = torch.from_numpy(w_h).requires_grad_()
+    torch.nn.functional.conv2d(xt, wt, padding=1).backward(torch.from_numpy(g_h))
+    assert wt.grad is not None
+    assert _every_candidate(dw, wt.grad.numpy().astype(np.float64), 2, 1e-4, flipped) >= 4
 
 
 @pytest.mark.parametrize("dtype", [ag.float16, ag.bfloat16, "tf32"])

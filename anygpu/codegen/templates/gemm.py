@@ -49,6 +49,11 @@ class GemmOptions:
     slices: int = 1  # groups of threads that each sum a share of every k-step (sliced k)
     # two local tiles of each operand, staged in turn: one barrier a k-step instead of two
     double_buffer: bool = True
+    # which way neighbouring threads stage an operand whose elements are neighbours in memory
+    # both along k and along its outer side (a 3x3 convolution's windows: along the filter's
+    # row and along the image's): "k", or "outer", or "" (x along k, y along n: the default)
+    x_along: str = ""
+    y_along: str = ""
 
     @property
     def threads(self) -> int:
@@ -56,10 +61,12 @@ class GemmOptions:
 
     def describe(self) -> str:
         sliced = f", k in {self.slices} slices" if self.slices > 1 else ""
+        along = "".join(f", {name} staged along {way}" for name, way in
+                        (("x", self.x_along), ("y", self.y_along)) if way)
         return (f"{self.block_m}x{self.block_n}x{self.block_k} tiles, {self.thread_m}x"
                 f"{self.thread_n} per thread{', prefetch' if self.prefetch else ''}{sliced}"
                 f"{', double-buffered' if self.double_buffer else ''}, "
-                f"{self.min_blocks} groups per SM")
+                f"{self.min_blocks} groups per SM{along}")
 
     def local_bytes(self, element: int = 4) -> int:
         """Local memory a work-group uses (``element``: bytes of the accumulator's type)."""
@@ -86,6 +93,9 @@ class Contraction:
     y: ir.Expr  # the factor that varies with k and n
     x_contiguous_k: bool  # whether x's neighbouring elements in memory are along k (else m)
     y_contiguous_n: bool  # whether y's are along n (else k)
+    # whether x's (y's) neighbours in memory run along both k and m (n): a window's
+    x_both: bool = False
+    y_both: bool = False
 
     @property
     def M(self) -> int:
@@ -202,7 +212,16 @@ def match(ast) -> Contraction | None:  # ast: lower.KernelAST (not imported: low
     sxk, sxm = stride(x, k_inner), stride(x, ms[-1][0])
     syn, syk = stride(y, ns[-1][0]), stride(y, k_inner)
     return Contraction(ms, ns, ks, both, x, y,
-                       x_contiguous_k=sxk == 1 or sxm != 1, y_contiguous_n=syn == 1 or syk != 1)
+                       x_contiguous_k=sxk == 1 or sxm != 1, y_contiguous_n=syn == 1 or syk != 1,
+                       x_both=sxk == 1 and sxm == 1, y_both=syn == 1 and syk == 1)
+
+
+def oriented(c: Contraction, opts: GemmOptions) -> Contraction:
+    """``c`` with its operands staged as ``opts`` says, where an operand runs in memory along
+    both of its sides (the ways it does not, it is staged along its neighbours regardless)."""
+    x_k = c.x_contiguous_k if not (opts.x_along and c.x_both) else opts.x_along == "k"
+    y_n = c.y_contiguous_n if not (opts.y_along and c.y_both) else opts.y_along == "outer"
+    return dataclasses.replace(c, x_contiguous_k=x_k, y_contiguous_n=y_n)
 
 
 # rows or columns at most this many take tiles of 64 along them
@@ -403,6 +422,12 @@ def candidates(c: Contraction, max_local: int, level: int, units: int = 0
         out += [o for o in variants if o not in out and o.threads <= max_local]
     sliced = _LADDER + (_MORE_SLICED if level >= 2 else [])
     out += [o for o in sliced if o not in out and o.threads <= max_local]
+    if level >= 2 and (c.x_both or c.y_both):
+        # a window's operands staged the other way round too: neighbouring threads along the
+        # image's row (coalesced reads of 32 pixels) rather than the filter's (runs of 3),
+        # their channel and tap then worked out for each element
+        x_along, y_along = "outer" if c.x_both else "", "k" if c.y_both else ""
+        out += [dataclasses.replace(o, x_along=x_along, y_along=y_along) for o in out[:8]]
     return out
 
 
@@ -609,6 +634,7 @@ def build(ast: Any, c: Contraction, opts: GemmOptions, params: list[ir.Param], n
     S = opts.slices
     if BK % S:
         raise ValueError(f"block_k {BK} is not a multiple of {S} slices")
+    c = oriented(c, opts)
     cols, rows = BN // TN, BM // TM  # threads along n and along m
     tiling = Tiling(ast, c, BM, BN, BK, rows * cols * S)
     const, acc_dtype, dt = tiling.const, tiling.acc_dtype, tiling.dt
