@@ -271,6 +271,9 @@ def _search(device: Device, ast: lower.KernelAST, kernel: ir.Kernel, source: str
               f"{best.describe()}", file=sys.stderr)
         for why in rejected:
             print(f"  left out {why}", file=sys.stderr)
+        if config.get().debug >= 2:  # every configuration's time, fastest first
+            for seconds, options, _, _ in sorted(timed, key=lambda t: t[0]):
+                print(f"  {seconds * 1e6:9.1f} us  {options.describe()}", file=sys.stderr)
     if on_record is not None:
         on_record(record)
     return k, src
