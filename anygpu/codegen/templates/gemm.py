@@ -408,7 +408,8 @@ def candidates(c: Contraction, max_local: int, level: int, units: int = 0
                ) -> list[GemmOptions]:
     """The configurations the tuner times for ``c`` (``choose``'s first): tile shapes and
     sliced k-steps, and at level 2 longer k-steps, no prefetch, one local tile of each
-    operand (two barriers a step) and one group per SM too."""
+    operand (two barriers a step), one group per SM (three for tiles of 256 threads) and
+    windows staged the other way too."""
     default = choose(c, max_local, units)
     if default is None:
         return []
@@ -419,6 +420,11 @@ def candidates(c: Contraction, max_local: int, level: int, units: int = 0
             variants += [GemmOptions(bm, bn, bk, tm, tn, min_blocks=1),
                          GemmOptions(bm, bn, bk, tm, tn, prefetch=False),
                          GemmOptions(bm, bn, bk, tm, tn, double_buffer=False)]
+            if (bm // tm) * (bn // tn) == 256 and tm * tn <= 32:
+                # three groups of 256 threads resident on an SM leave 80 registers a thread
+                # (a 128 x 64 tile of 8 x 4 a thread took 95 on sm_90, two groups; in 80 it
+                # spills nothing, where 8 x 8 a thread spills)
+                variants.append(GemmOptions(bm, bn, bk, tm, tn, min_blocks=3))
         out += [o for o in variants if o not in out and o.threads <= max_local]
     sliced = _LADDER + (_MORE_SLICED if level >= 2 else [])
     out += [o for o in sliced if o not in out and o.threads <= max_local]
