@@ -61,22 +61,27 @@ class CopyItem:
 Item = KernelItem | CopyItem
 
 
-def schedule(outputs: Sequence[Lazy]) -> list[Item]:
+def schedule(outputs: Sequence[Lazy], plan_order: Sequence[Lazy] | None = None) -> list[Item]:
     """The kernels and copies that realize ``outputs``, dependencies first: planned once per
-    graph structure (``plans``), then replayed for every graph of that structure."""
+    graph structure (``plans``), then replayed for every graph of that structure. With
+    ``plan_order`` (the same nodes in another order) the kernels are planned in that order and
+    run in the order of ``outputs``: which values a kernel stores for others, or computes
+    again, depends on the order it is planned in (see ``_run_order``)."""
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 20000))
     try:
         if recording is not None:  # jit records once (and reads rows otherwise, see row_slice)
-            return _plan_items(outputs)
-        walk = plans.walk(outputs, (config.get(), get_float32_matmul_precision()))
+            return _plan_items(outputs, plan_order)
+        at = {id(n): i for i, n in enumerate(outputs)}
+        order = None if plan_order is None else tuple(at[id(n)] for n in plan_order)
+        walk = plans.walk(outputs, (config.get(), get_float32_matmul_precision(), order))
         plan = plans.find(walk)
         if plan is not None:
             return [CopyItem(out) if step.ast is None else
                     KernelItem(_with_nodes(step.ast, out, inputs), step.signature, fused,
                                _item_id(step))
                     for step, out, inputs, fused in plans.replay(plan, walk)]
-        items = _plan_items(outputs)
+        items = _plan_items(outputs, plan_order)
         plans.store(walk, [(item.output, [], [], None, ()) if isinstance(item, CopyItem) else
                            (item.output, item.ast.inputs, item.fused, _template(item.ast),
                             item.signature) for item in items])
@@ -85,12 +90,58 @@ def schedule(outputs: Sequence[Lazy]) -> list[Item]:
         sys.setrecursionlimit(limit)
 
 
-def _plan_items(outputs: Sequence[Lazy]) -> list[Item]:
+def _plan_items(outputs: Sequence[Lazy], plan_order: Sequence[Lazy] | None = None
+                ) -> list[Item]:
     items: list[Item] = []
     planned: set[int] = set()
-    for out in outputs:
+    for out in plan_order if plan_order is not None else outputs:
         _visit(out, items, planned)
-    return items
+    return items if plan_order is None else _run_order(items, outputs)
+
+
+def _run_order(items: list[Item], outputs: Sequence[Lazy]) -> list[Item]:
+    """``items`` reordered so that each of ``outputs`` in turn runs as soon as what it reads
+    has, dependencies still first. backward plans the leaves' gradients in the order its pass
+    reaches them and runs them nearest the output first (each layer's weight gradient right
+    after its output gradient, which then dies): planned nearest first, a bias's gradient sum
+    was planned before the product that stores the output gradient it sums, fused that
+    gradient's computation and computed it again (the demo's step on the processor, 3.8 ->
+    12.9 ms)."""
+    producer = {id(item.output): item for item in items}
+    emitted: set[int] = set()
+    ordered: list[Item] = []
+
+    def producers(node: Lazy) -> list[Item]:
+        # the items whose outputs ``node`` is, or views (a row slice read as a buffer)
+        found, stack, seen = [], [node], set()
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            item = producer.get(id(n))
+            if item is not None:
+                found.append(item)
+            elif not n.realized:
+                stack.extend(n.srcs)
+        return found
+
+    def emit(item: Item) -> None:
+        if id(item) in emitted:
+            return
+        emitted.add(id(item))
+        reads = [item.output.srcs[0]] if isinstance(item, CopyItem) else item.ast.inputs
+        for node in reads:
+            for dep in producers(node):
+                emit(dep)
+        ordered.append(item)
+
+    for out in outputs:
+        for item in producers(out):
+            emit(item)
+    for item in items:
+        emit(item)
+    return ordered
 
 
 def _visit(node: Lazy, items: list[Item], planned: set[int]) -> None:
@@ -1674,14 +1725,20 @@ def _run_kernel(item: KernelItem) -> None:
     item.ast.output.set_buffer(launch.buffers[0])
 
 
-def realize(*nodes: Lazy) -> None:
-    """Compute ``nodes`` into device buffers (launches are queued; this does not wait).
+def realize(*nodes: Lazy, plan_order: Sequence[Lazy] | None = None) -> None:
+    """Compute ``nodes`` into device buffers (launches are queued; this does not wait), in
+    their order; ``plan_order``: the order to plan their kernels in (``schedule``).
 
     A view of realized memory stays a view: giving it a copy of its own would cut it off from
     the memory it shows (a parameter living in an optimizer's flat buffer)."""
     pending = [n for n in nodes if not n.realized and not is_view_of_buffer(n)]
     if pending:
-        run(schedule(pending))
+        if plan_order is not None:
+            wanted = {id(n) for n in pending}
+            plan_order = list({id(n): n for n in plan_order if id(n) in wanted}.values())
+            if len(plan_order) != len(pending):
+                plan_order = None
+        run(schedule(pending, plan_order))
 
 
 def _reads_only_at(ast: lower.KernelAST, buf_name: str, index: ir.Expr) -> bool:

@@ -414,7 +414,8 @@ def _toposort(root: "Tensor") -> list["Tensor"]:
 def backward(root: "Tensor", gradient: "Tensor | None" = None,
              retain_graph: bool = False) -> None:
     """Accumulate d(root)/d(leaf) into ``leaf.grad`` for every leaf that requires gradients."""
-    from anygpu.tensor import Tensor, realize
+    from anygpu.graph import schedule as sched
+    from anygpu.tensor import Tensor
 
     if not root.requires_grad:
         raise RuntimeError("backward() on a tensor that does not require grad (no input "
@@ -469,5 +470,7 @@ def backward(root: "Tensor", gradient: "Tensor | None" = None,
     # every layer's saved input and output gradient alive until then; counted along the
     # shortest way, a residual network's shortcuts brought its first layers forward (ResNet-18's
     # stem gradients, their 112 x 112 maps, alive beside its first blocks' unfolded windows).
+    # (planned in the order the pass reached them, see schedule._run_order)
+    reached = [t.grad.lazy for t in leaves if t.grad is not None]
     leaves.sort(key=lambda t: depth.get(id(t), 0))
-    realize(*(t.grad for t in leaves if t.grad is not None))
+    sched.realize(*(t.grad.lazy for t in leaves if t.grad is not None), plan_order=reached)

@@ -25,9 +25,9 @@ def planned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     made = [0]
     real = sched._plan_items
 
-    def counted(outputs):
+    def counted(outputs, *order):
         made[0] += 1
-        return real(outputs)
+        return real(outputs, *order)
 
     monkeypatch.setattr(sched, "_plan_items", counted)
     return made
