@@ -53,7 +53,7 @@ def test_randn_moments(device: str, dtype: DType, seed: int) -> None:
     assert abs(x.std() - 1) < 0.03
     assert abs(np.mean(np.abs(x) > 1.96) - 0.05) < 0.01  # the tails are normal too
     # five standard errors (x^3 of a standard normal has variance 15): 0.1 was 3.3, which
-    # one seed in about 3,000 passes (15953425: 0.117), and hypothesis keeps such a seed
+    # one seed in about 3,000 exceeds (15953425: 0.117), and hypothesis keeps such a seed
     assert abs(np.mean(x ** 3)) < 5 * math.sqrt(15 / N)
 
 
