@@ -1733,11 +1733,11 @@ def realize(*nodes: Lazy, plan_order: Sequence[Lazy] | None = None) -> None:
     the memory it shows (a parameter living in an optimizer's flat buffer)."""
     pending = [n for n in nodes if not n.realized and not is_view_of_buffer(n)]
     if pending:
-        if plan_order is not None:
-            wanted = {id(n) for n in pending}
-            plan_order = list({id(n): n for n in plan_order if id(n) in wanted}.values())
-            if len(plan_order) != len(pending):
-                plan_order = None
+        if plan_order is not None:  # the pending nodes by their place in it (others last)
+            rank: dict[int, int] = {}
+            for i, n in enumerate(plan_order):
+                rank.setdefault(id(n), i)
+            plan_order = sorted(pending, key=lambda n: rank.get(id(n), len(rank)))
         run(schedule(pending, plan_order))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -47,7 +47,7 @@ def _rand(shape: tuple[int, ...], seed: int) -> np.ndarray:
 
 
 def _every_candidate(out: ag.Tensor, want: np.ndarray, level: int, rtol: float,
-                     which: Any = None) -> int:
+                     which: Callable[[Any], bool] | None = None) -> int:
     """Run the last kernel of ``out`` in each configuration the tuner may time at ``level``
     (those ``which`` takes, where given) and compare each result with ``want``; the number of
     configurations."""
