@@ -211,10 +211,12 @@ def host_per_kernel(step: Callable[[], Any], dev: Any, steps: int) -> tuple[floa
 
 
 def _profile_steps(timed: Callable[[], float], path: str) -> None:
-    """Three more steps under the profiler: its summary printed, its trace written to ``path``."""
+    """Three more steps under the profiler: its summary printed, its trace written to ``path``.
+    A jit step that runs as one device graph is run launch by launch here, so that the table
+    names its kernels."""
     import anygpu as ag
 
-    with ag.profile() as prof:
+    with ag.profile(split_graphs=True) as prof:
         for _ in range(3):
             timed()
     print(prof.summary())

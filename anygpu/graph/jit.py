@@ -156,8 +156,8 @@ class JitFunction:
                     get_device(t.device).copy(buf, t.lazy.buffer)
             if sched.profiling is None:
                 c.graph()
-            elif getattr(c.graph, "timed_by_step", False):  # each kernel timed on its own
-                for step in c.steps:
+            elif sched.profiling.split_graphs or getattr(c.graph, "timed_by_step", False):
+                for step in c.steps:  # each kernel timed on its own
                     step()
             else:  # one event for the whole graph: its kernels are not timed one by one
                 sched.profiling.graph(c.graph, self.fn.__name__, c.steps)

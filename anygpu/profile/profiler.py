@@ -22,7 +22,8 @@ class Profile:
     and ``export_chrome_trace``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, split_graphs: bool = False) -> None:
+        self.split_graphs = split_graphs
         self.events: list[Event] = []
         self.wall = 0.0  # seconds the block took on the host
         self._devices: dict[str, str] = {}
@@ -34,7 +35,7 @@ class Profile:
             raise RuntimeError("a Profile records one block; make a new one with profile()")
         if schedule.profiling is not None or base.profiling is not None:
             raise RuntimeError("anygpu.profile blocks cannot be nested")
-        self._recorder = Recorder()
+        self._recorder = Recorder(self.split_graphs)
         self._state = "recording"
         schedule.profiling = base.profiling = self._recorder
         return self
@@ -87,7 +88,7 @@ class Profile:
         return f"<Profile {self._state}, {len(self.events)} events>"
 
 
-def profile() -> Profile:
+def profile(split_graphs: bool = False) -> Profile:
     """Record every kernel launch, copy, host-device transfer and compile inside a ``with``
     block, with device-side times.
 
@@ -98,7 +99,10 @@ def profile() -> Profile:
     time of the call is its run time. A WebGPU adapter without timestamps is timed on the host,
     waiting for the queue before and after each launch while the profile is open. jit replays
     are recorded launch by launch, except on CUDA, where a replay is one CUDA graph: it is one
-    event ("graph <function>", kind "graph", with the number of launches it holds).
+    event ("graph <function>", kind "graph", with the number of launches it holds). With
+    ``split_graphs=True`` such a replay runs its launches one by one instead, each timed: the
+    table says where a step's time goes, though the step runs without the graph (the same
+    kernels, launched from the host).
 
     Outside a profile, launches cost one test of a module variable more.
 
@@ -123,4 +127,4 @@ def profile() -> Profile:
     compiles (host)   host         2    313.7 ms            156.9 ms
     >>> prof.export_chrome_trace("trace.json")  # doctest: +SKIP
     """
-    return Profile()
+    return Profile(split_graphs)

@@ -47,8 +47,10 @@ class _Queued:
 class Recorder:
     """Receives launches, copies, transfers and compiles while a profile is open."""
 
-    def __init__(self) -> None:
+    def __init__(self, split_graphs: bool = False) -> None:
         self.origin = time.perf_counter()
+        # jit replays run launch by launch, each timed, rather than as one device graph
+        self.split_graphs = split_graphs
         self.devices: dict[str, str] = {}  # device name -> the product's name, first seen first
         self._timers: dict[int, QueueTimer] = {}  # by id(device): devices live as long as we do
         self._queued: list[_Queued] = []

@@ -246,6 +246,14 @@ def test_jit_replays(device: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     assert len(_kinds(whole, "kernel")) == first
     _check_consistent(whole, tmp_path / "whole.json")
     _check_consistent(replays, tmp_path / "replays.json")
+    # split: a device graph's launches run and are timed one by one, and compute the same
+    with counted_launches(device, monkeypatch) as launched:
+        with profile(split_graphs=True) as split:
+            again = [step(x, y).item() for x, y in batches[3:]]
+    assert not _kinds(split, "graph") and len(launched) == 3 * steps
+    assert [e.name for e in _kinds(split, "kernel")] == launched
+    assert np.isfinite(again).all()
+    _check_consistent(split, tmp_path / "split.json")
 
 
 def test_wait_returns_the_device_time(device: str) -> None:
