@@ -94,6 +94,7 @@ def _plan_items(outputs: Sequence[Lazy], plan_order: Sequence[Lazy] | None = Non
                 ) -> list[Item]:
     items: list[Item] = []
     planned: set[int] = set()
+    _store_product_epilogues(outputs)
     for out in plan_order if plan_order is not None else outputs:
         _visit(out, items, planned)
     return items if plan_order is None else _run_order(items, outputs)
@@ -914,6 +915,67 @@ def _reads_many(operand: Lazy, root: Lazy) -> bool:
     ``operand`` or more to compute it."""
     read = _elements_read(operand, root, operand=True)
     return read is not None and read >= _TILED_OPERAND_READS * operand.numel
+
+
+def _store_product_epilogues(outputs: Sequence[Lazy]) -> None:
+    """Mark ``keep``, before any kernel is planned, each operand of a GPU's tiled product that
+    is elementwise work on another tiled product of its size that nothing else reads
+    (``_epilogue_of_lone_product``): a convolution's bias and ReLU before the next
+    convolution. The first product's kernel then stores it in its epilogue, in the place of
+    its own output (the same bytes, no kernel more), and every kernel that reads it (the next
+    layer's product through its windows, that layer's weight gradient, ReLU's gradient) loads
+    it rather than computing the bias and the ReLU again for each element it reads: on an
+    H200 VGG-16's 64-channel weight gradient at 224 x 224, batch 16, took 3.74 ms so and
+    2.84 ms from a stored input. (Planned later, the first kernel to meet the product has
+    marked it to be stored by a kernel of its own already.)"""
+    seen: set[int] = set()
+    stack = list(outputs)
+    while stack:
+        n = stack.pop()
+        if id(n) in seen or n.realized:
+            continue
+        seen.add(id(n))
+        stack.extend(n.srcs)
+        if n.op is not Op.SUM or _dialect(n.device) == "c" or not _tiled_product(n):
+            continue
+        found = _summed_product(n)
+        assert found is not None
+        for side in found[0].srcs:
+            if side.op is not Op.EXPAND or side.realized:
+                continue
+            below = _under_movement(side.srcs[0])
+            if below.op in ELEMENTWISE and not below.realized and not below.keep and \
+                    _epilogue_of_lone_product(below, n):
+                below.keep = True
+
+
+def _epilogue_of_lone_product(operand: Lazy, root: Lazy) -> bool:
+    """Whether ``operand`` (read by the kernel computing ``root``) is computed elementwise from
+    a tiled product of its own size (``_lone_product``) that stays whole under an epilogue,
+    with constants and broadcast vectors, and nothing between them is read from elsewhere."""
+    inside: dict[int, Lazy] = {id(operand): operand}
+    products: list[Lazy] = []
+    stack = list(operand.srcs)
+    while stack:
+        n = stack.pop()
+        if id(n) in inside or is_boundary(n, root):
+            continue
+        if n.op is Op.CONST or n.op is Op.EXPAND and n.numel != n.srcs[0].numel:
+            continue  # a constant or a broadcast vector (the bias), whoever else reads it
+        inside[id(n)] = n
+        if n.op in REDUCE:
+            # (a float32 product that splits is stored by kernels of its own: _choose_spec)
+            if not (_lone_product(n) and n.numel == operand.numel) or \
+                    n.dtype == float32 and _split_plan(n) is not None:
+                return False
+            products.append(n)
+        elif n.op in ELEMENTWISE or n.op in MOVEMENT:
+            stack.extend(n.srcs)
+        else:
+            return False
+    # nothing under it is read from outside (storing ``operand`` would not store that)
+    return bool(products) and all(id(user) in inside for n in inside.values()
+                                  if n is not operand for user in n.readers())
 
 
 def _under_movement(node: Lazy) -> Lazy:

@@ -366,3 +366,43 @@ def test_deeply_nested_selections_are_stored_every_few(device: str) -> None:
     assert max(map(_nested_conditions, items)) <= sched._NESTED_CONDITIONS
     np.testing.assert_allclose(rows.numpy(), want.sum(1), rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(cols.numpy(), want.sum(0), rtol=1e-5, atol=1e-4)
+
+
+def test_a_convolutions_activation_is_stored_by_its_product(device: str,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """conv -> bias -> ReLU -> conv, trained: on GPUs the first convolution's kernel stores
+    the ReLU's output in its epilogue (the same bytes as its raw output), so the second
+    convolution's forward product and weight gradient and ReLU's gradient read it rather than
+    computing the bias and the ReLU again for every element they read (through 3 x 3 windows:
+    nine times each). The processor's products keep the rules of their own. Against PyTorch."""
+    torch = pytest.importorskip("torch")
+    from anygpu.nn import functional as F
+
+    rng = np.random.default_rng(11)
+    xs = rng.standard_normal((2, 32, 32, 32)).astype(np.float32)
+    w1s, w2s = (rng.standard_normal((32, 32, 3, 3)).astype(np.float32) / 17 for _ in range(2))
+    b1s = rng.standard_normal(32).astype(np.float32)
+    gs = rng.standard_normal((2, 32, 32, 32)).astype(np.float32)
+    x = ag.tensor(xs, device=device)
+    w1, b1, w2 = (ag.tensor(v, device=device, requires_grad=True) for v in (w1s, b1s, w2s))
+    ran: list[KernelItem] = []
+    real = sched._run_kernel
+    monkeypatch.setattr(sched, "_run_kernel", lambda item: (ran.append(item), real(item))[1])
+    out = F.conv2d(F.conv2d(x, w1, b1, padding=1).relu(), w2, padding=1)
+    (out * ag.tensor(gs, device=device)).sum().backward()
+    monkeypatch.undo()
+    reading_bias = [i for i in ran if any(n is b1.lazy for n in i.ast.inputs)]
+    if sched._dialect(device) != "c":
+        assert len(reading_bias) == 1 and reading_bias[0].ast.reduce, \
+            [i.ast.output.shape for i in reading_bias]
+    tx = torch.tensor(xs)
+    tw1, tb1, tw2 = (torch.tensor(v, requires_grad=True) for v in (w1s, b1s, w2s))
+    tout = torch.nn.functional.conv2d(
+        torch.nn.functional.conv2d(tx, tw1, tb1, padding=1).relu(), tw2, padding=1)
+    (tout * torch.tensor(gs)).sum().backward()
+    for got, want in ((out, tout), (w1.grad, tw1.grad), (b1.grad, tb1.grad), (w2.grad, tw2.grad)):
+        assert got is not None and want is not None
+        want = want.detach().numpy()
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-3,
+                                   atol=1e-4 * float(np.abs(want).max()))
