@@ -924,10 +924,10 @@ def _store_product_epilogues(outputs: Sequence[Lazy]) -> None:
     convolution. The first product's kernel then stores it in its epilogue, in the place of
     its own output (the same bytes, no kernel more), and every kernel that reads it (the next
     layer's product through its windows, that layer's weight gradient, ReLU's gradient) loads
-    it rather than computing the bias and the ReLU again for each element it reads: on an
-    H200 VGG-16's 64-channel weight gradient at 224 x 224, batch 16, took 3.74 ms so and
-    2.84 ms from a stored input. (Planned later, the first kernel to meet the product has
-    marked it to be stored by a kernel of its own already.)"""
+    it rather than computing the bias and the ReLU again for each element it reads (on an
+    H200, VGG-16's 64-channel weight gradient at 224 x 224, batch 16, ran 3.74 ms with them in
+    its loads; the same product of a plain input, 2.84 ms). Done before planning: the first
+    kernel planned that meets the product marks it to be stored by a kernel of its own."""
     seen: set[int] = set()
     stack = list(outputs)
     while stack:
