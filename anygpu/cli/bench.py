@@ -3,7 +3,8 @@ Adam) or one inference pass of a standard model, beside PyTorch on the same devi
 (``anygpu bench llm``, a language model's prefill and decode, is in anygpu/llm/bench.py).
 
     anygpu bench train --model resnet50 --batch 16 --size 224 --device cuda --compare torch
-    anygpu bench infer --model all --device all --steps 20 --json
+    anygpu bench infer --model all --device all --steps 20 --json > rows.json
+    anygpu bench plot rows.json more-rows.json --plot seed.png
 
 Each row: the first step on its own line (compiling and tuning included), then the median time
 of ``--steps`` steps after two warm-up steps, images per second and the peak device memory of a
@@ -17,6 +18,8 @@ weights, PyTorch's autocast with channels_last beside it). ``--compare torch tor
 runs PyTorch eager and ``torch.compile`` (CUDA-graph mode on a GPU: ``mode="reduce-overhead"``,
 the optimizer's step compiled too) beside; the compiled row's first step is its compile time and
 its peak memory is taken from its first step on (the CUDA graphs' pools are taken at capture).
+``--plot PNG`` draws the rows as a bar chart (matplotlib: the ``plot`` extra); ``anygpu bench
+plot`` draws the rows of several runs' ``--json`` output as one.
 """
 
 from __future__ import annotations
@@ -362,31 +365,89 @@ def format_table(rows: Sequence[Row]) -> str:
 
 
 def plot(rows: Sequence[Row], path: str) -> None:
+    """Draw ``rows`` as a bar chart in ``path``: a panel per mode (training, inference), a
+    group of bars per anygpu row (model, device, precision) with PyTorch eager's and
+    torch.compile's times for the same model, mode and precision beside, and anygpu's time over
+    PyTorch eager's above its bar. Needs matplotlib (the ``plot`` extra)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as err:
-        raise SystemExit(f"--plot needs matplotlib (pip install matplotlib): {err}") from err
-    labels = [f"{r.model}\n{r.device}\n{r.precision}" for r in rows if r.framework == "anygpu"]
-    ours = [r.ms for r in rows if r.framework == "anygpu"]
-    peers = {(r.model, r.precision, r.mode): r.ms for r in rows if r.framework == "torch"}
-    theirs = [peers.get((r.model, r.precision, r.mode), 0.0) for r in rows
-              if r.framework == "anygpu"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(labels)), 4.5))
-    xs = np.arange(len(labels))
-    ax.bar(xs - 0.2, ours, 0.4, label="anygpu")
-    if any(theirs):
-        ax.bar(xs + 0.2, theirs, 0.4, label="PyTorch")
-    ax.set_xticks(xs, labels, fontsize=8)
-    ax.set_ylabel("ms per step (lower is better)")
-    mode = rows[0].mode if rows else ""
-    ax.set_title(f"{mode}, batch {rows[0].batch if rows else ''}, "
-                 f"{rows[0].size if rows else ''}x{rows[0].size if rows else ''}")
-    ax.legend()
+        raise SystemExit(f"--plot needs matplotlib (pip install 'anygpu[plot]'): {err}") from err
+    ours = [r for r in rows if r.framework == "anygpu"]
+    if not ours:
+        raise SystemExit("anygpu bench: nothing to plot (no anygpu rows)")
+    modes = list(dict.fromkeys(r.mode for r in ours))
+    widest = max(sum(r.mode == m for r in ours) for m in modes)
+    fig, axes = plt.subplots(len(modes), 1, figsize=(max(6.0, 1.2 * widest + 2), 4.2 * len(modes)),
+                             squeeze=False)
+    peers = ("torch", "PyTorch eager"), ("torch.compile", "torch.compile")
+    for ax, mode in zip(axes[:, 0], modes):
+        mine = [r for r in ours if r.mode == mode]
+        times = {(r.framework, r.model, r.precision): r.ms for r in rows if r.mode == mode}
+        shown = [(name, label) for name, label in peers
+                 if any((name, r.model, r.precision) in times for r in mine)]
+        width = 0.8 / (1 + len(shown))
+        xs = np.arange(len(mine))
+        bars = ax.bar(xs - 0.4 + width / 2, [r.ms for r in mine], width, label="anygpu")
+        for i, (name, label) in enumerate(shown, 1):
+            ax.bar(xs - 0.4 + width * (i + 0.5),
+                   [times.get((name, r.model, r.precision), 0.0) for r in mine], width, label=label)
+        for bar, r in zip(bars, mine):
+            if r.ratio is not None:
+                top = (bar.get_x() + bar.get_width() / 2, bar.get_height())
+                ax.annotate(f"{r.ratio:.2f}x", top, ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(xs, [f"{r.model}\n{r.device}\n{r.precision}" for r in mine], fontsize=8)
+        ax.set_ylabel("ms per step (lower is better)")
+        drawn = [r.ms for r in mine] + [ms for ms in times.values()]
+        if max(drawn) > 20 * min(drawn):  # models an order of magnitude apart: all readable
+            ax.set_yscale("log")
+            ax.set_ylabel("ms per step (log scale, lower is better)")
+        sizes = sorted({(r.batch, r.size) for r in mine})
+        ax.set_title(f"{'training step' if mode == 'train' else 'inference'}, " + ", ".join(
+            f"batch {b}, {s}x{s}" for b, s in sizes) + " (anygpu over PyTorch eager above)",
+            fontsize=10)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
     print(f"plot written to {path}")
+
+
+def read_rows(paths: Sequence[str]) -> list[Row]:
+    """The rows that ``anygpu bench ... --json`` printed into the files ``paths`` (other lines,
+    such as the first step's, are skipped)."""
+    fields = set(Row.__dataclass_fields__)
+    needed = {"framework", "mode", "model", "ms"}
+    rows: list[Row] = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                lines = f.readlines()
+        except OSError as err:
+            raise SystemExit(f"anygpu bench plot: cannot read {path}: {err}") from err
+        for number, line in enumerate(lines, 1):
+            if not line.startswith("{"):
+                continue
+            try:
+                data = json.loads(line)
+                if not isinstance(data, dict) or not needed <= set(data):
+                    raise ValueError("not a row of anygpu bench --json")
+                rows.append(Row(**{k: v for k, v in data.items() if k in fields}))
+            except (ValueError, TypeError) as err:
+                raise SystemExit(f"anygpu bench plot: {path}, line {number}: {err}") from err
+    if not rows:
+        raise SystemExit(f"anygpu bench plot: no rows in {', '.join(paths)} (write them with "
+                         "anygpu bench train|infer ... --json > rows.json)")
+    return rows
+
+
+def plot_main(args: argparse.Namespace) -> int:
+    rows = read_rows(args.files)
+    print(format_table(rows))
+    plot(rows, args.plot)
+    return 0
 
 
 def add_parser(sub: Any) -> None:
@@ -413,6 +474,10 @@ def add_parser(sub: Any) -> None:
                    help="profile three more steps: print the summary, write a Chrome trace")
     for mode, what in (("train", "a training step"), ("infer", "an inference pass")):
         modes.add_parser(mode, parents=[p], help=f"time {what} of a CNN").set_defaults(func=main)
+    q = modes.add_parser("plot", help="draw the rows of earlier runs' --json output as one chart")
+    q.add_argument("files", nargs="+", help="files holding anygpu bench ... --json output")
+    q.add_argument("--plot", metavar="PNG", required=True, help="the chart to write")
+    q.set_defaults(func=plot_main)
     llm_bench.add_parser(modes)
 
 

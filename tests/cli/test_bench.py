@@ -109,3 +109,79 @@ def test_compare_runs_pytorch_eager_and_compiled_beside(
     assert all(r["ms"] > 0 and r["first_step_s"] > 0 for r in rows)
     table = bench.format_table([bench.Row(**r) for r in rows])
     assert "/compile" in table and "torch.compile" in table
+
+
+def _drawn(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The figures ``bench.plot`` saves, kept for inspection (they are written all the same)."""
+    from matplotlib.figure import Figure
+
+    figures: list = []
+    save = Figure.savefig
+
+    def keep(self: Figure, *args: object, **kwargs: object) -> None:
+        figures.append(self)
+        save(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return figures
+
+
+def test_plot_draws_the_rows_of_several_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Two runs' --json output (a training step and an inference pass on the processor), drawn
+    as one chart by ``anygpu bench plot``: a panel per mode, a bar per row at its time."""
+    pytest.importorskip("matplotlib")
+    files = []
+    for mode in ("train", "infer"):
+        assert bench.main(_args(mode, "--model", "resnet18", "--batch", "2", "--size", "32",
+                                "--steps", "1", "--device", "cpu", "--json")) == 0
+        path = tmp_path / f"{mode}.json"
+        path.write_text(capsys.readouterr().out)
+        files.append(str(path))
+    figures = _drawn(monkeypatch)
+    png = tmp_path / "seed.png"
+    assert bench.plot_main(_args("plot", *files, "--plot", str(png))) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = bench.read_rows(files)
+    assert [(r.mode, r.framework) for r in rows] == [("train", "anygpu"), ("infer", "anygpu")]
+    (fig,) = figures
+    heights = [[bar.get_height() for bar in ax.patches] for ax in fig.axes]
+    assert heights == [[rows[0].ms], [rows[1].ms]]
+    table = capsys.readouterr().out
+    assert "train" in table and "infer" in table and f"plot written to {png}" in table
+
+
+def test_plot_sets_pytorch_beside_each_row(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """PyTorch eager's and torch.compile's times stand beside the anygpu row of the same model,
+    mode and precision, whatever its device (opencl against PyTorch on CUDA), with the ratio
+    written above anygpu's bar."""
+    pytest.importorskip("matplotlib")
+
+    def row(framework: str, device: str, ms: float, ratio: float | None = None) -> bench.Row:
+        return bench.Row(framework, device, "train", "vgg16", "fp32", 16, 224, 5, True, 1.0, ms,
+                         16000 / ms, 100.0, ratio)
+
+    rows = [row("anygpu", "opencl:0", 60.0, 1.5), row("torch", "cuda:0", 40.0),
+            row("torch.compile", "cuda:0", 30.0), row("anygpu", "cuda:0", 44.0, 1.1)]
+    figures = _drawn(monkeypatch)
+    bench.plot(rows, str(tmp_path / "rows.png"))
+    (fig,) = figures
+    (ax,) = fig.axes
+    assert [bar.get_height() for bar in ax.patches] == [60.0, 44.0, 40.0, 40.0, 30.0, 30.0]
+    assert [t.get_text() for t in ax.texts] == ["1.50x", "1.10x"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == \
+        ["anygpu", "PyTorch eager", "torch.compile"]
+
+
+def test_plot_names_what_it_cannot_read(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.json"
+    empty.write_text("anygpu infer resnet18 on cpu:0: first step 0.4 s\n")
+    with pytest.raises(SystemExit, match="no rows in"):
+        bench.read_rows([str(empty)])
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"framework": "anygpu", "mode": "train"}\n')
+    with pytest.raises(SystemExit, match="broken.json, line 1: not a row"):
+        bench.read_rows([str(broken)])
+    with pytest.raises(SystemExit, match="cannot read"):
+        bench.read_rows([str(tmp_path / "missing.json")])
