@@ -393,7 +393,8 @@ def plot(rows: Sequence[Row], path: str) -> None:
         bars = ax.bar(xs - 0.4 + width / 2, [r.ms for r in mine], width, label="anygpu")
         for i, (name, label) in enumerate(shown, 1):
             ax.bar(xs - 0.4 + width * (i + 0.5),
-                   [times.get((name, r.model, r.precision), 0.0) for r in mine], width, label=label)
+                   [times.get((name, r.model, r.precision), np.nan) for r in mine], width,
+                   label=label)  # (a row without that peer: no bar)
         for bar, r in zip(bars, mine):
             if r.ratio is not None:
                 top = (bar.get_x() + bar.get_width() / 2, bar.get_height())

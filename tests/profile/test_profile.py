@@ -246,7 +246,7 @@ def test_jit_replays(device: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     assert len(_kinds(whole, "kernel")) == first
     _check_consistent(whole, tmp_path / "whole.json")
     _check_consistent(replays, tmp_path / "replays.json")
-    # split: a device graph's launches run and are timed one by one, and compute the same
+    # split: a device graph's launches run one by one, each timed
     with counted_launches(device, monkeypatch) as launched:
         with profile(split_graphs=True) as split:
             again = [step(x, y).item() for x, y in batches[3:]]
