@@ -455,7 +455,8 @@ def template_options(ast: KernelAST, dialect: str, max_local: int, features: dic
     if contraction is None:
         return []
     tensor = mma.candidates(contraction, dialect, features, max_local, level)
-    simt = gemm.candidates(contraction, max_local, level, features.get("units", 0))
+    simt = gemm.candidates(contraction, max_local, level, features.get("units", 0),
+                           features.get("local_memory", 48 * 1024))
     default = mma.choose(contraction, dialect, features, max_local)
     if default is None:
         # the SIMT template's choice (or none: the product is too small for a template)

@@ -58,7 +58,8 @@ def _every_candidate(out: ag.Tensor, want: np.ndarray, level: int, rtol: float,
     dev = get_device(out.device)
     features = {"cc": dev.info.extra.get("cc", (0, 0)),
                 "tf32": ag.get_float32_matmul_precision() != "highest",
-                "max_shared": dev.info.extra.get("max_shared", 48 * 1024)}
+                "max_shared": dev.info.extra.get("max_shared", 48 * 1024),
+                "local_memory": dev.info.local_memory}
     options = lower.template_options(item.ast, dev.dialect, dev.info.max_local_size, features,
                                      level)
     options = [o for o in options if which is None or which(o)]
@@ -84,6 +85,16 @@ def test_every_configuration_is_correct_matmul(device: str, m: int, k: int, n: i
     x, y = ag.tensor(a, device=device), ag.tensor(b, device=device)
     level = 2 if device.startswith("cuda") else 1  # level 2 is many compiles on slow compilers
     assert _every_candidate(x.T.contiguous().T @ y, a @ b, level, 1e-4) >= 2
+
+
+def test_every_configuration_is_correct_few_rows(device: str) -> None:
+    """A linear layer of 16 rows (its weights read along k): the few-row tile with longer
+    k-steps and more groups an SM, those the device's local memory holds."""
+    _gpu(device)
+    a, w = _rand((16, 512), 1), _rand((1024, 512), 2)
+    out = F.linear(ag.tensor(a, device=device), ag.tensor(w, device=device))
+    few = lambda o: min(o.block_m, o.block_n) == 16  # noqa: E731
+    assert _every_candidate(out, a @ w.T, 1, 1e-4, few) >= 3
 
 
 def test_every_configuration_is_correct_conv(device: str) -> None:

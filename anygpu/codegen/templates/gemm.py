@@ -404,12 +404,14 @@ _MORE_SLICED = [GemmOptions(64, 64, 16, 8, 8, min_blocks=1, slices=4),
                 GemmOptions(128, 64, 8, 8, 8, slices=2), GemmOptions(64, 64, 8, 8, 8, slices=2)]
 
 
-def candidates(c: Contraction, max_local: int, level: int, units: int = 0
-               ) -> list[GemmOptions]:
+def candidates(c: Contraction, max_local: int, level: int, units: int = 0,
+               local_memory: int = 48 * 1024) -> list[GemmOptions]:
     """The configurations the tuner times for ``c`` (``choose``'s first): tile shapes and
     sliced k-steps, and at level 2 longer k-steps, no prefetch, one local tile of each
     operand (two barriers a step), one group per SM (three for tiles of 256 threads) and
-    windows staged the other way too."""
+    windows staged the other way too. A product of few rows (a linear layer at a small batch)
+    also gets its tile with longer k-steps and four groups an SM, those whose local tiles fit
+    in ``local_memory`` bytes."""
     default = choose(c, max_local, units)
     if default is None:
         return []
@@ -428,6 +430,15 @@ def candidates(c: Contraction, max_local: int, level: int, units: int = 0
         out += [o for o in variants if o not in out and o.threads <= max_local]
     sliced = _LADDER + (_MORE_SLICED if level >= 2 else [])
     out += [o for o in sliced if o not in out and o.threads <= max_local]
+    if min(default.block_m, default.block_n) == FEW_ROWS and default.slices > 1:
+        # a linear layer of few rows reads its weights once: its k-steps are round trips to
+        # memory one after another (AlexNet's first classifier layer at batch 16 on an H200:
+        # 16-element steps, 72 registers, 3 groups an SM, the weights read at 1.1 TB/s), so
+        # longer steps (more loads in flight a round trip) and more groups an SM
+        out += [o for o in (dataclasses.replace(default, block_k=bk, min_blocks=mb)
+                            for bk in (16, 32, 64) for mb in (2, 4))
+                if o not in out and dataclasses.replace(o, double_buffer=False).local_bytes()
+                <= local_memory]  # (to_ir single-buffers a tile whose two copies do not fit)
     if level >= 2 and (c.x_both or c.y_both):
         # a window's operands staged the other way round too: neighbouring threads along the
         # image's row (coalesced reads of 32 pixels) rather than the filter's (runs of 3),
