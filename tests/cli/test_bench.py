@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 from pathlib import Path
 
@@ -21,10 +20,9 @@ def _args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(["bench", *argv])
 
 
-# Every model on every device runs with ANYGPU_TEST_ALL_MODELS=1 (scripts/gpu_check.sh sets it);
-# by default every model on the cpu and ResNet-18 elsewhere: on a processor's OpenCL (PoCL)
-# one model's cold step compiles for three to eight minutes of processor time
-ALL_MODELS = os.environ.get("ANYGPU_TEST_ALL_MODELS", "") == "1"
+# every model on every device but WebGPU's (the seed benchmark's smoke test): on a processor's
+# OpenCL (PoCL) the five cold steps compile and run in about six minutes of processor time
+# (AlexNet 36 s, VGG-16 86, ResNet-50 111, MobileNetV2 131; ResNet-18's beside)
 
 
 @pytest.mark.parametrize("model", bench.MODELS)
@@ -32,8 +30,6 @@ def test_small_training_step_of_every_model(device: str, model: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     if device.startswith("webgpu"):
         pytest.skip("the smoke test runs on cpu, opencl and GPUs (webgpu: the model tests)")
-    if not ALL_MODELS and not device.startswith("cpu") and model != "resnet18":
-        pytest.skip("every model runs on this backend with ANYGPU_TEST_ALL_MODELS=1")
     code = bench.main(_args("train", "--model", model, "--batch", "2", "--size", "64",
                             "--steps", "2", "--device", device, "--json"))
     assert code == 0
