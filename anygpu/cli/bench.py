@@ -367,8 +367,8 @@ def format_table(rows: Sequence[Row]) -> str:
 def plot(rows: Sequence[Row], path: str) -> None:
     """Draw ``rows`` as a bar chart in ``path``: a panel per mode (training, inference), a
     group of bars per anygpu row (model, device, precision) with PyTorch eager's and
-    torch.compile's times for the same model, mode and precision beside, and anygpu's time over
-    PyTorch eager's above its bar. Needs matplotlib (the ``plot`` extra)."""
+    torch.compile's times for the same model, mode, precision, batch and size beside, and
+    anygpu's time over PyTorch eager's above its bar. Needs matplotlib (the ``plot`` extra)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -385,15 +385,17 @@ def plot(rows: Sequence[Row], path: str) -> None:
     peers = ("torch", "PyTorch eager"), ("torch.compile", "torch.compile")
     for ax, mode in zip(axes[:, 0], modes):
         mine = [r for r in ours if r.mode == mode]
-        times = {(r.framework, r.model, r.precision): r.ms for r in rows if r.mode == mode}
+        times = {(r.framework, r.model, r.precision, r.batch, r.size): r.ms for r in rows
+                 if r.mode == mode}
         shown = [(name, label) for name, label in peers
-                 if any((name, r.model, r.precision) in times for r in mine)]
+                 if any((name, r.model, r.precision, r.batch, r.size) in times for r in mine)]
         width = 0.8 / (1 + len(shown))
         xs = np.arange(len(mine))
         bars = ax.bar(xs - 0.4 + width / 2, [r.ms for r in mine], width, label="anygpu")
         for i, (name, label) in enumerate(shown, 1):
             ax.bar(xs - 0.4 + width * (i + 0.5),
-                   [times.get((name, r.model, r.precision), np.nan) for r in mine], width,
+                   [times.get((name, r.model, r.precision, r.batch, r.size), np.nan)
+                    for r in mine], width,
                    label=label)  # (a row without that peer: no bar)
         for bar, r in zip(bars, mine):
             if r.ratio is not None:
@@ -401,7 +403,7 @@ def plot(rows: Sequence[Row], path: str) -> None:
                 ax.annotate(f"{r.ratio:.2f}x", top, ha="center", va="bottom", fontsize=7)
         ax.set_xticks(xs, [f"{r.model}\n{r.device}\n{r.precision}" for r in mine], fontsize=8)
         ax.set_ylabel("ms per step (lower is better)")
-        drawn = [r.ms for r in mine] + [ms for ms in times.values()]
+        drawn = [r.ms for r in rows if r.mode == mode]
         if max(drawn) > 20 * min(drawn):  # models an order of magnitude apart: all readable
             ax.set_yscale("log")
             ax.set_ylabel("ms per step (log scale, lower is better)")

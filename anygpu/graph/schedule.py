@@ -928,6 +928,8 @@ def _store_product_epilogues(outputs: Sequence[Lazy]) -> None:
     H200, VGG-16's 64-channel weight gradient at 224 x 224, batch 16, ran 3.74 ms with them in
     its loads; the same product of a plain input, 2.84 ms). Done before planning: the first
     kernel planned that meets the product marks it to be stored by a kernel of its own."""
+    if all(_dialect(out.device) == "c" for out in outputs):
+        return  # (the processor's products have rules of their own: no walk of the graph)
     seen: set[int] = set()
     stack = list(outputs)
     while stack:

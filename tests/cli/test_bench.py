@@ -151,18 +151,19 @@ def test_plot_draws_the_rows_of_several_runs(tmp_path: Path, monkeypatch: pytest
 def test_plot_sets_pytorch_beside_each_row(tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """PyTorch eager's and torch.compile's times stand beside the anygpu row of the same model,
-    mode and precision, whatever its device (opencl against PyTorch on CUDA), with the ratio
-    written above anygpu's bar."""
+    mode, precision, batch and size, whatever its device (opencl against PyTorch on CUDA), with
+    the ratio written above anygpu's bar."""
     pytest.importorskip("matplotlib")
 
     def row(framework: str, device: str, ms: float, ratio: float | None = None,
-            model: str = "vgg16") -> bench.Row:
-        return bench.Row(framework, device, "train", model, "fp32", 16, 224, 5, True, 1.0, ms,
-                         16000 / ms, 100.0, ratio)
+            model: str = "vgg16", batch: int = 16) -> bench.Row:
+        return bench.Row(framework, device, "train", model, "fp32", batch, 224, 5, True, 1.0,
+                         ms, batch * 1000 / ms, 100.0, ratio)
 
     rows = [row("anygpu", "opencl:0", 60.0, 1.5), row("torch", "cuda:0", 40.0),
             row("torch.compile", "cuda:0", 30.0), row("anygpu", "cuda:0", 44.0, 1.1),
-            row("anygpu", "cuda:0", 2.0, model="alexnet")]  # no peer: no bars beside it
+            row("anygpu", "cuda:0", 2.0, model="alexnet"),  # no peer: no bars beside it
+            row("torch", "cuda:0", 0.5, model="alexnet", batch=2)]  # (another configuration)
     figures = _drawn(monkeypatch)
     bench.plot(rows, str(tmp_path / "rows.png"))
     (fig,) = figures
@@ -170,7 +171,7 @@ def test_plot_sets_pytorch_beside_each_row(tmp_path: Path,
     heights = [bar.get_height() for bar in ax.patches]
     assert heights[:3] == [60.0, 44.0, 2.0] and heights[3:5] == [40.0, 40.0] and \
         heights[6:8] == [30.0, 30.0] and np.isnan(heights[5]) and np.isnan(heights[8])
-    assert ax.get_yscale() == "log"  # 2 to 60 ms: each readable
+    assert ax.get_yscale() == "log"  # 0.5 to 60 ms: each readable
     assert [t.get_text() for t in ax.texts] == ["1.50x", "1.10x"]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == \
         ["anygpu", "PyTorch eager", "torch.compile"]
