@@ -364,18 +364,40 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: Sequence[Row], path: str) -> None:
+def plot(rows: Sequence[Row], path: str, runs: Sequence[int] | None = None) -> None:
     """Draw ``rows`` as a bar chart in ``path``: a panel per mode (training, inference), a
     group of bars per anygpu row (model, device, precision) with PyTorch eager's and
     torch.compile's times for the same model, mode, precision, batch and size beside, and
-    anygpu's time over PyTorch eager's above its bar. Needs matplotlib (the ``plot`` extra)."""
+    anygpu's time over PyTorch eager's above its bar. ``runs`` numbers each row's run (rows
+    read from several files): a peer's row from the anygpu row's own run is drawn beside it
+    (the one its ratio was taken from), else the first run's that has one; an anygpu row
+    that a later run repeats is drawn once, from its first run. Needs matplotlib (the
+    ``plot`` extra)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as err:
         raise SystemExit(f"--plot needs matplotlib (pip install 'anygpu[plot]'): {err}") from err
-    ours = [r for r in rows if r.framework == "anygpu"]
+    runs = list(runs) if runs is not None else [0] * len(rows)
+    first: dict[tuple, int] = {}  # an anygpu row's key -> its run
+    peer: dict[tuple, float] = {}  # (run, framework, mode, model, precision, batch, size) -> ms
+    for run, r in zip(runs, rows):
+        key = (r.framework, r.mode, r.model, r.precision, r.batch, r.size)
+        if r.framework == "anygpu":
+            first.setdefault(key + (r.device, r.jit), run)
+        else:
+            peer.setdefault((run,) + key, r.ms)
+            peer.setdefault((-1,) + key, r.ms)  # any run's, the first
+    ours = [r for run, r in zip(runs, rows) if r.framework == "anygpu" and
+            first[(r.framework, r.mode, r.model, r.precision, r.batch, r.size, r.device,
+                   r.jit)] == run]
+    run_of = {id(r): run for run, r in zip(runs, rows)}
+
+    def beside(name: str, r: Row) -> float:  # a peer's time beside anygpu's row; nan: no bar
+        key = (name, r.mode, r.model, r.precision, r.batch, r.size)
+        return peer.get((run_of[id(r)],) + key, peer.get((-1,) + key, np.nan))
+
     if not ours:
         raise SystemExit("anygpu bench: nothing to plot (no anygpu rows)")
     modes = list(dict.fromkeys(r.mode for r in ours))
@@ -385,18 +407,14 @@ def plot(rows: Sequence[Row], path: str) -> None:
     peers = ("torch", "PyTorch eager"), ("torch.compile", "torch.compile")
     for ax, mode in zip(axes[:, 0], modes):
         mine = [r for r in ours if r.mode == mode]
-        times = {(r.framework, r.model, r.precision, r.batch, r.size): r.ms for r in rows
-                 if r.mode == mode}
         shown = [(name, label) for name, label in peers
-                 if any((name, r.model, r.precision, r.batch, r.size) in times for r in mine)]
+                 if any(not np.isnan(beside(name, r)) for r in mine)]
         width = 0.8 / (1 + len(shown))
         xs = np.arange(len(mine))
         bars = ax.bar(xs - 0.4 + width / 2, [r.ms for r in mine], width, label="anygpu")
         for i, (name, label) in enumerate(shown, 1):
-            ax.bar(xs - 0.4 + width * (i + 0.5),
-                   [times.get((name, r.model, r.precision, r.batch, r.size), np.nan)
-                    for r in mine], width,
-                   label=label)  # (a row without that peer: no bar)
+            ax.bar(xs - 0.4 + width * (i + 0.5), [beside(name, r) for r in mine], width,
+                   label=label)
         for bar, r in zip(bars, mine):
             if r.ratio is not None:
                 top = (bar.get_x() + bar.get_width() / 2, bar.get_height())
@@ -418,13 +436,14 @@ def plot(rows: Sequence[Row], path: str) -> None:
     print(f"plot written to {path}")
 
 
-def read_rows(paths: Sequence[str]) -> list[Row]:
+def read_rows(paths: Sequence[str], runs: list[int] | None = None) -> list[Row]:
     """The rows that ``anygpu bench ... --json`` printed into the files ``paths`` (other lines,
-    such as the first step's, are skipped)."""
+    such as the first step's, are skipped); each row's file, as its index in ``paths``,
+    appended to ``runs`` where given."""
     fields = set(Row.__dataclass_fields__)
     needed = {"framework", "mode", "model", "ms"}
     rows: list[Row] = []
-    for path in paths:
+    for run, path in enumerate(paths):
         try:
             with open(path) as f:
                 lines = f.readlines()
@@ -438,6 +457,8 @@ def read_rows(paths: Sequence[str]) -> list[Row]:
                 if not isinstance(data, dict) or not needed <= set(data):
                     raise ValueError("not a row of anygpu bench --json")
                 rows.append(Row(**{k: v for k, v in data.items() if k in fields}))
+                if runs is not None:
+                    runs.append(run)
             except (ValueError, TypeError) as err:
                 raise SystemExit(f"anygpu bench plot: {path}, line {number}: {err}") from err
     if not rows:
@@ -447,9 +468,10 @@ def read_rows(paths: Sequence[str]) -> list[Row]:
 
 
 def plot_main(args: argparse.Namespace) -> int:
-    rows = read_rows(args.files)
+    runs: list[int] = []
+    rows = read_rows(args.files, runs)
     print(format_table(rows))
-    plot(rows, args.plot)
+    plot(rows, args.plot, runs)
     return 0
 
 

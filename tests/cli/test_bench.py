@@ -4,6 +4,7 @@ every model as a smoke test, its JSON rows, and the profiler's Chrome trace of t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -175,6 +176,34 @@ def test_plot_sets_pytorch_beside_each_row(tmp_path: Path,
     assert [t.get_text() for t in ax.texts] == ["1.50x", "1.10x"]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == \
         ["anygpu", "PyTorch eager", "torch.compile"]
+
+
+def test_plot_takes_each_rows_peers_from_its_own_run(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows of several files: PyTorch's bar beside an anygpu row is its own run's (the one its
+    ratio came from), and an anygpu row that a later run repeats is drawn once, the first."""
+    pytest.importorskip("matplotlib")
+
+    def line(framework: str, device: str, ms: float, ratio: float | None = None) -> str:
+        return json.dumps(dataclasses.asdict(bench.Row(
+            framework, device, "train", "alexnet", "fp32", 16, 224, 5, True, 1.0, ms,
+            16000 / ms, 100.0, ratio)))
+
+    runs = [[line("anygpu", "cuda:0", 3.0, 0.75), line("torch", "cuda:0", 4.0)],
+            [line("anygpu", "cuda:0", 3.2), line("torch.compile", "cuda:0", 2.5)],
+            [line("anygpu", "opencl:0", 5.0, 1.25), line("torch", "cuda:0", 4.4)]]
+    files = []
+    for i, lines in enumerate(runs):
+        files.append(tmp_path / f"run{i}.json")
+        files[-1].write_text("\n".join(lines) + "\n")
+    figures = _drawn(monkeypatch)
+    png = tmp_path / "runs.png"
+    assert bench.plot_main(_args("plot", *map(str, files), "--plot", str(png))) == 0
+    (fig,) = figures
+    (ax,) = fig.axes
+    heights = [bar.get_height() for bar in ax.patches]
+    assert heights == [3.0, 5.0, 4.0, 4.4, 2.5, 2.5]
+    assert [t.get_text() for t in ax.texts] == ["0.75x", "1.25x"]
 
 
 def test_plot_names_what_it_cannot_read(tmp_path: Path) -> None:
