@@ -120,6 +120,41 @@ def test_buffers_of_different_sizes_share_one_allocation(device: str) -> None:
     np.testing.assert_allclose(out.numpy(), ref * 2, rtol=1e-5)
 
 
+def test_buffers_share_slots_where_a_device_binds_no_ranges(device: str,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """Where a step's buffers cannot be ranges of one allocation (WebGPU's), they are the first
+    bytes of a few buffers, none two in use at once in one: the shrinking chain's five
+    intermediates (5, 4, ..., 1 blocks of 4 KiB) fit in two, of 5 and 4 blocks (exact sizes,
+    each reused only by its size, had made five). Against NumPy, on every device (the arena
+    turned off where it is on)."""
+    dev = get_device(device)
+    monkeypatch.setattr(type(dev), "arena_sub_buffers", False)
+
+    @ag.jit
+    def chain(x: ag.Tensor) -> ag.Tensor:
+        for blocks in range(5, 0, -1):
+            x = (x[:1024 * blocks] * 1.01 + 0.5).contiguous().realize()
+        return x * 2
+
+    xs = np.random.default_rng(2).standard_normal(1024 * 6).astype(np.float32)
+    x = ag.tensor(xs, device=device)
+    outs = [chain(x).numpy() for _ in range(3)]
+    (captured,) = chain.captured.values()
+    outside = {id(x.lazy.buffer), id(captured.steps[-1].buffers[0])} | \
+        {id(b) for b in captured.input_bufs or []}  # (the input, the output: their own)
+    chained = {id(b): b for st in captured.steps for b in st.buffers if id(b) not in outside}
+    bases = {id(b.base if isinstance(b, SubBuffer) else b):
+             b.base if isinstance(b, SubBuffer) else b for b in chained.values()}
+    assert len(chained) == 5 and sorted(b.nbytes for b in bases.values()) == [4096 * 4,
+                                                                             4096 * 5]
+    ref = xs
+    for blocks in range(5, 0, -1):
+        ref = ref[:1024 * blocks] * np.float32(1.01) + np.float32(0.5)
+    for out in outs:
+        np.testing.assert_allclose(out, ref * 2, rtol=1e-5, atol=1e-6)
+
+
 def test_new_shape_recaptures() -> None:
     @ag.jit
     def f(x: ag.Tensor) -> ag.Tensor:

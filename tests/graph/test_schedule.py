@@ -406,3 +406,32 @@ def test_a_convolutions_activation_is_stored_by_its_product(device: str,
         want = want.detach().numpy()
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-3,
                                    atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_work_on_weights_runs_just_before_its_reader(device: str) -> None:
+    """A kernel that reads only memory realized before the step (work on weights, such as a
+    convolution's transformed filters) runs right before the kernel that first reads it, not
+    at the step's start, where depth-first planning from the output had put it: each such
+    buffer had lived from the step's start to its layer. Values against NumPy."""
+    rng = np.random.default_rng(3)
+    xs = rng.standard_normal((8, 16)).astype(np.float32)
+    ws = [rng.standard_normal((16, 16)).astype(np.float32) / 4 for _ in range(4)]
+    x = ag.tensor(xs, device=device)
+    w = [ag.tensor(v, device=device) for v in ws]
+    h, ref = x, xs
+    for wi, vi in zip(w, ws):
+        h = wi.exp().sum(0) + (h @ wi).tanh().contiguous()  # the weights' sum planned first
+        ref = np.exp(vi).sum(0) + np.tanh(ref @ vi)
+    items = sched.schedule([h.lazy])
+    assert all(isinstance(item, KernelItem) for item in items)
+
+    def leaf(item: KernelItem) -> bool:
+        return all(n.realized for n in item.ast.inputs)
+
+    sums = [i for i, item in enumerate(items) if item.output.shape == (1, 16)]
+    assert len(sums) == 4
+    for i in sums:  # only other such kernels between each and its first reader
+        j = next(j for j in range(i + 1, len(items))
+                 if any(n is items[i].output for n in items[j].ast.inputs))
+        assert all(leaf(items[k]) for k in range(i, j))
+    np.testing.assert_allclose(h.numpy(), ref, rtol=1e-4, atol=1e-4)
