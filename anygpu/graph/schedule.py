@@ -131,7 +131,7 @@ def _sink_weight_work(items: list[Item]) -> list[Item]:
     weights: a convolution's Winograd-transformed filters) moved to just before the first
     kernel that reads it. Planned depth first from the output, such kernels came first, each
     output then held from the step's start to its layer (VGG-16's inference at 64 x 64, batch
-    2, under jit: 107 MiB of transformed filters alive at once, 50x its largest activation).
+    2, under jit: 107 MiB of transformed filters alive at once beside activations of 2 MiB).
     Nothing a schedule runs writes memory realized before it (in-place updates are schedules of
     their own), so such a kernel reads the same values wherever it runs."""
     producers = _producers_of(items)
