@@ -401,7 +401,8 @@ def test_16_bit_rows_tiles_render() -> None:
     """Checked without a GPU (the GPU check runs them): a 16-bit product of 16 rows whose long
     side's operand runs along its columns takes the SIMT tiles of 16 rows on CUDA; along k (a
     linear layer's forward product) the tensor cores' rows template, and at 24 rows (more than
-    that template takes) the generic reduction still; float32 the tiles either way."""
+    that template takes) the generic reduction still; float32 the tiles either way, along k
+    with 32-element k-steps and four groups an SM."""
     def template(dtype: ag.DType, along_k: bool, rows: int = 16) -> str:
         g = ag.tensor(_rand((rows, 2048), 53)).cast(dtype).realize()
         w = ag.tensor(_rand((1000, 2048) if along_k else (2048, 1000), 54)).cast(dtype).realize()
@@ -415,7 +416,9 @@ def test_16_bit_rows_tiles_render() -> None:
     assert template(ag.bfloat16, True).startswith("tensor-core rows")
     assert template(ag.bfloat16, True, 24) == ""
     assert template(ag.bfloat16, False, 24).startswith("gemm 16x64x16 tiles")
-    assert template(ag.float32, True).startswith("gemm 16x64x16 tiles")
+    assert template(ag.float32, True).startswith("gemm 16x64x32 tiles")
+    assert template(ag.float32, True).endswith("4 groups per SM")
+    assert template(ag.float32, False).startswith("gemm 16x64x16 tiles")
 
 
 def _tf32_convolution_step(device: str) -> tuple[list, list]:
@@ -534,7 +537,7 @@ def test_tensor_core_rows_kernel_renders() -> None:
     assert "template" not in last_kernel(ag.float16, {"cc": (7, 5), "subgroup": 32}).meta
     # float32: the SIMT template's tiles of 16 rows
     assert last_kernel(ag.float32, {"cc": (9, 0), "subgroup": 32}).meta["template"].startswith(
-        "gemm 16x64x16 tiles")
+        "gemm 16x64x32 tiles")
 
 
 def _bfloat16(x: np.ndarray) -> np.ndarray:
