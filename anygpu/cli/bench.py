@@ -380,23 +380,25 @@ def plot(rows: Sequence[Row], path: str, runs: Sequence[int] | None = None) -> N
     except ImportError as err:
         raise SystemExit(f"--plot needs matplotlib (pip install 'anygpu[plot]'): {err}") from err
     runs = list(runs) if runs is not None else [0] * len(rows)
-    first: dict[tuple, int] = {}  # an anygpu row's key -> its run
-    peer: dict[tuple, float] = {}  # (run, framework, mode, model, precision, batch, size) -> ms
+
+    def config(r: Row) -> tuple:
+        return (r.mode, r.model, r.precision, r.batch, r.size)
+
+    first: dict[tuple, int] = {}  # an anygpu row's configuration, device and jit -> its run
+    peer: dict[tuple, float] = {}  # (run or -1 for any, framework, configuration) -> ms
     for run, r in zip(runs, rows):
-        key = (r.framework, r.mode, r.model, r.precision, r.batch, r.size)
         if r.framework == "anygpu":
-            first.setdefault(key + (r.device, r.jit), run)
+            first.setdefault(config(r) + (r.device, r.jit), run)
         else:
-            peer.setdefault((run,) + key, r.ms)
-            peer.setdefault((-1,) + key, r.ms)  # any run's, the first
+            peer.setdefault((run, r.framework) + config(r), r.ms)
+            peer.setdefault((-1, r.framework) + config(r), r.ms)  # the first run's
     ours = [r for run, r in zip(runs, rows) if r.framework == "anygpu" and
-            first[(r.framework, r.mode, r.model, r.precision, r.batch, r.size, r.device,
-                   r.jit)] == run]
+            first[config(r) + (r.device, r.jit)] == run]
     run_of = {id(r): run for run, r in zip(runs, rows)}
 
     def beside(name: str, r: Row) -> float:  # a peer's time beside anygpu's row; nan: no bar
-        key = (name, r.mode, r.model, r.precision, r.batch, r.size)
-        return peer.get((run_of[id(r)],) + key, peer.get((-1,) + key, np.nan))
+        return peer.get((run_of[id(r)], name) + config(r),
+                        peer.get((-1, name) + config(r), np.nan))
 
     if not ours:
         raise SystemExit("anygpu bench: nothing to plot (no anygpu rows)")

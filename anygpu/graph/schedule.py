@@ -136,26 +136,22 @@ def _sink_weight_work(items: list[Item]) -> list[Item]:
     their own), so such a kernel reads the same values wherever it runs."""
     producers = _producers_of(items)
     first_reader: dict[int, int] = {}
-    leaves: set[int] = set()
+    leaves: list[Item] = []
     for i, item in enumerate(items):
         deps = [dep for node in _reads(item) for dep in producers(node)]
         if isinstance(item, KernelItem) and not deps:
-            leaves.add(id(item))
+            leaves.append(item)
         for dep in deps:
             first_reader.setdefault(id(dep), i)
-    moved = {id(item) for item in items if id(item) in leaves and id(item) in first_reader}
-    if not moved:
-        return items
-    before: dict[int, list[Item]] = {}
-    for item in items:
-        if id(item) in moved:
+    before: dict[int, list[Item]] = {}  # a reader's index -> the leaves moved in front of it
+    for item in leaves:
+        if id(item) in first_reader:
             before.setdefault(first_reader[id(item)], []).append(item)
-    out: list[Item] = []
-    for i, item in enumerate(items):
-        out += before.get(i, [])
-        if id(item) not in moved:
-            out.append(item)
-    return out
+    if not before:
+        return items
+    moved = {id(item) for group in before.values() for item in group}
+    return [item for i, reader in enumerate(items)
+            for item in before.get(i, []) + ([] if id(reader) in moved else [reader])]
 
 
 def _run_order(items: list[Item], outputs: Sequence[Lazy]) -> list[Item]:

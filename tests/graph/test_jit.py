@@ -3,6 +3,8 @@ shapes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -90,6 +92,27 @@ def test_memory_is_planned(device: str) -> None:
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5)
 
 
+def _shrinking_chain(device: str, seed: int) -> tuple[Any, ag.Tensor]:
+    """A jit chain whose intermediates shrink (6, 5, ..., 1 blocks of 4 KiB), run three times
+    (eager, capture, replay), each result checked against NumPy: (the jit function, its
+    input)."""
+    @ag.jit
+    def chain(x: ag.Tensor) -> ag.Tensor:
+        for blocks in range(5, 0, -1):
+            x = (x[:1024 * blocks] * 1.01 + 0.5).contiguous().realize()
+        return x * 2
+
+    xs = np.random.default_rng(seed).standard_normal(1024 * 6).astype(np.float32)
+    x = ag.tensor(xs, device=device)
+    outs = [chain(x).numpy() for _ in range(3)]
+    ref = xs
+    for blocks in range(5, 0, -1):
+        ref = ref[:1024 * blocks] * np.float32(1.01) + np.float32(0.5)
+    for out in outs:
+        np.testing.assert_allclose(out, ref * 2, rtol=1e-5, atol=1e-6)
+    return chain, x
+
+
 def test_buffers_of_different_sizes_share_one_allocation(device: str) -> None:
     """A chain whose intermediates shrink (6, 5, ..., 1 blocks of 4 KiB) holds, where the device
     binds several ranges of one buffer, one allocation of no more than two neighbours need at
@@ -97,27 +120,13 @@ def test_buffers_of_different_sizes_share_one_allocation(device: str) -> None:
     step twice the bytes ever live). Against NumPy."""
     if not get_device(device).arena_sub_buffers:
         pytest.skip(f"{device} keeps buffers of their own")
-
-    @ag.jit
-    def chain(x: ag.Tensor) -> ag.Tensor:
-        for blocks in range(5, 0, -1):
-            x = (x[:1024 * blocks] * 1.01 + 0.5).contiguous().realize()
-        return x * 2
-
-    xs = np.random.default_rng(1).standard_normal(1024 * 6).astype(np.float32)
-    x = ag.tensor(xs, device=device)
-    for _ in range(3):
-        out = chain(x)
+    chain, _ = _shrinking_chain(device, 1)
     (captured,) = chain.captured.values()
     planned = {id(b): b for st in captured.steps for b in st.buffers if isinstance(b, SubBuffer)}
     bases = {id(b.base): b.base for b in planned.values()}
     assert len(planned) == 5 and len(bases) == 1
     (base,) = bases.values()
     assert base.nbytes <= 4096 * (5 + 4)  # the largest two in use at once
-    ref = xs
-    for blocks in range(5, 0, -1):
-        ref = ref[:1024 * blocks] * np.float32(1.01) + np.float32(0.5)
-    np.testing.assert_allclose(out.numpy(), ref * 2, rtol=1e-5)
 
 
 def test_buffers_share_slots_where_a_device_binds_no_ranges(device: str,
@@ -128,18 +137,8 @@ def test_buffers_share_slots_where_a_device_binds_no_ranges(device: str,
     intermediates (5, 4, ..., 1 blocks of 4 KiB) fit in two, of 5 and 4 blocks (exact sizes,
     each reused only by its size, had made five). Against NumPy, on every device (the arena
     turned off where it is on)."""
-    dev = get_device(device)
-    monkeypatch.setattr(type(dev), "arena_sub_buffers", False)
-
-    @ag.jit
-    def chain(x: ag.Tensor) -> ag.Tensor:
-        for blocks in range(5, 0, -1):
-            x = (x[:1024 * blocks] * 1.01 + 0.5).contiguous().realize()
-        return x * 2
-
-    xs = np.random.default_rng(2).standard_normal(1024 * 6).astype(np.float32)
-    x = ag.tensor(xs, device=device)
-    outs = [chain(x).numpy() for _ in range(3)]
+    monkeypatch.setattr(type(get_device(device)), "arena_sub_buffers", False)
+    chain, x = _shrinking_chain(device, 2)
     (captured,) = chain.captured.values()
     outside = {id(x.lazy.buffer), id(captured.steps[-1].buffers[0])} | \
         {id(b) for b in captured.input_bufs or []}  # (the input, the output: their own)
@@ -148,11 +147,6 @@ def test_buffers_share_slots_where_a_device_binds_no_ranges(device: str,
              b.base if isinstance(b, SubBuffer) else b for b in chained.values()}
     assert len(chained) == 5 and sorted(b.nbytes for b in bases.values()) == [4096 * 4,
                                                                              4096 * 5]
-    ref = xs
-    for blocks in range(5, 0, -1):
-        ref = ref[:1024 * blocks] * np.float32(1.01) + np.float32(0.5)
-    for out in outs:
-        np.testing.assert_allclose(out, ref * 2, rtol=1e-5, atol=1e-6)
 
 
 def test_new_shape_recaptures() -> None:

@@ -410,8 +410,8 @@ _MORE_SLICED = [GemmOptions(64, 64, 16, 8, 8, min_blocks=1, slices=4),
                 GemmOptions(128, 64, 8, 8, 8, slices=2), GemmOptions(64, 64, 8, 8, 8, slices=2)]
 
 
-def candidates(c: Contraction, max_local: int, level: int, units: int = 0,
-               local_memory: int = 48 * 1024) -> list[GemmOptions]:
+def candidates(c: Contraction, max_local: int, level: int, units: int,
+               local_memory: int) -> list[GemmOptions]:
     """The configurations the tuner times for ``c`` (``choose``'s first): tile shapes and
     sliced k-steps, and at level 2 longer k-steps, no prefetch, one local tile of each
     operand (two barriers a step), one group per SM (three for tiles of 256 threads) and
